@@ -1,0 +1,431 @@
+"""Tamper-resistant primitives for the course's autograder tests.
+
+Autograding runs student code in the same kernel as the tests, so a test that trusts names the
+student can rebind (``np.testing.assert_allclose``, ``jax.grad``, ``float``, the library's own
+functions, an object's ``__eq__``) can be fooled. This module is the defence used by every hidden
+test:
+
+* :func:`start` runs in each notebook's first, locked cell (nbgrader restores its source before
+  autograding, so it always runs before any student code). It records the identity of every public
+  attribute of the modules the tests rely on and loads a *private copy* of the library's reference
+  implementations that student code cannot reach through ``rlhf_lab``.
+* :func:`untampered` compares the current state with that snapshot and names what was replaced.
+* :func:`call` runs a student's function with JIT disabled under a profile hook; if any code of the
+  library's reference implementations (or of the private copy) runs during the call, the task was
+  delegated rather than implemented.
+* :func:`close`, :func:`equal` and :func:`check` make decisions with trusted NumPy and plain
+  arithmetic on float64 copies, never with anything the student could have patched.
+
+The module is a defence in depth, not a sandbox: a determined student can still attack the kernel
+itself. The instructor pipeline adds a static integrity scan and README's "Security" section
+explains how to run autograding of untrusted code in isolation.
+"""
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import math
+import operator
+import os
+import sys
+import types
+import unittest
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["start", "untampered", "call", "close", "equal", "check", "rng", "reference", "GradingError"]
+
+
+class GradingError(AssertionError):
+    """Raised when a check fails; the message is written for the student."""
+
+
+# Trusted private references, bound at import time of this module (before any student code, because
+# the locked first cell imports it). Looked up through this module's globals, never the user's namespace.
+_asarray = np.asarray
+_float64 = np.float64
+_isfinite = np.isfinite
+_abs = np.abs
+_array_equal = np.array_equal
+_all = np.all
+_any = np.any
+_argmax = np.argmax
+_shape = np.shape
+_bool = builtins.bool
+_float = builtins.float
+_len = builtins.len
+_isinstance = builtins.isinstance
+_repr = builtins.repr
+_getattr = builtins.getattr
+_id = builtins.id
+_sorted = builtins.sorted
+_setprofile = sys.setprofile
+_getprofile = sys.getprofile
+_disable_jit = jax.disable_jit
+_urandom = os.urandom
+_default_rng = np.random.default_rng
+
+# Modules whose public attributes are snapshotted. A student cell that rebinds any of them (for
+# example ``np.testing.assert_allclose = lambda *a, **k: None``) is reported by :func:`untampered`.
+_WATCHED_MODULES = {
+    "builtins": builtins,
+    "math": math,
+    "operator": operator,
+    "numpy": np,
+    "numpy.testing": np.testing,
+    "numpy.random": np.random,
+    "jax": jax,
+    "jax.numpy": jnp,
+    "jax.nn": jax.nn,
+    "jax.lax": jax.lax,
+    "jax.random": jax.random,
+    "unittest": unittest,
+    "sys": sys,
+}
+_WATCHED_CLASSES = {"unittest.TestCase": unittest.TestCase}
+# Names in the notebook namespace that tests rely on; rebinding them is reported too.
+_USER_NAMES = {"np": np, "jnp": jnp, "jax": jax}
+_LIBRARY_MODULES = ("ppo", "reward", "trainer", "sweep", "lesson")
+_SKIP_ATTRS = {"__dict__", "__doc__", "__loader__", "__spec__", "__builtins__", "__warningregistry__"}
+
+
+class _State:
+    """Everything :func:`start` records; kept out of the module namespace on purpose."""
+
+    def __init__(self):
+        self.snapshot: dict[tuple[str, str], int] = {}
+        self.modules: dict[str, int] = {}
+        self.library_codes: dict[types.CodeType, str] = {}
+        self.reference_codes: dict[types.CodeType, str] = {}
+        self.own: dict[str, int] = {}
+        self.reference: types.SimpleNamespace | None = None
+
+
+_STATE: _State | None = None
+
+
+def _public_attrs(obj) -> dict[str, int]:
+    out = {}
+    for name, value in list(vars(obj).items()):
+        if name in _SKIP_ATTRS or _isinstance(value, (int, float, str, bytes, tuple, frozenset, type(None))):
+            continue
+        if name in ("modules", "path", "meta_path", "path_hooks", "path_importer_cache", "argv", "ps1", "ps2",
+                    "last_type", "last_value", "last_traceback", "last_exc", "stdout", "stderr", "displayhook",
+                    "excepthook", "_", "input", "getpass", "breakpointhook", "unraisablehook"):
+            continue  # legitimately changed by the interpreter / IPython
+        out[name] = _id(value)
+    return out
+
+
+def _code_objects(module) -> dict[types.CodeType, str]:
+    """All code objects of functions defined in ``module`` (including nested functions)."""
+    found: dict[types.CodeType, str] = {}
+
+    def walk(code: types.CodeType, qual: str):
+        found[code] = qual
+        for const in code.co_consts:
+            if _isinstance(const, types.CodeType):
+                walk(const, f"{qual}.{const.co_name}")
+
+    for name, value in vars(module).items():
+        fn = getattr(value, "__wrapped__", value)
+        if _isinstance(fn, types.FunctionType) and fn.__module__ == module.__name__:
+            walk(fn.__code__, f"{module.__name__}.{name}")
+    return found
+
+
+def _load_private(modname: str, alias: str):
+    """Load ``rlhf_lab.<modname>`` from its file under a private name (a fresh copy of the code)."""
+    path = Path(__file__).with_name(f"{modname}.py")
+    spec = importlib.util.spec_from_file_location(f"rlhf_lab.{modname}", path)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "rlhf_lab"
+    spec.loader.exec_module(module)
+    module.__name__ = alias
+    return module
+
+
+def start() -> None:
+    """Snapshot trusted state. Call once in the first (locked) cell of every notebook; idempotent."""
+    global _STATE, reference
+    if _STATE is not None:
+        return
+    import rlhf_lab  # noqa: F401  (make sure the real library is loaded before we record it)
+
+    state = _State()
+    for label, module in _WATCHED_MODULES.items():
+        for name, ident in _public_attrs(module).items():
+            state.snapshot[(label, name)] = ident
+    for label, cls in _WATCHED_CLASSES.items():
+        for name, ident in _public_attrs(cls).items():
+            state.snapshot[(label, name)] = ident
+    for modname in _LIBRARY_MODULES:
+        lib = sys.modules.get(f"rlhf_lab.{modname}") or importlib.import_module(f"rlhf_lab.{modname}")
+        state.library_codes.update(_code_objects(lib))
+        for name, ident in _public_attrs(lib).items():
+            state.snapshot[(f"rlhf_lab.{modname}", name)] = ident
+    for name, ident in _public_attrs(sys.modules["rlhf_lab"]).items():
+        state.snapshot[("rlhf_lab", name)] = ident
+    for name in ("numpy", "numpy.testing", "jax", "jax.numpy", "rlhf_lab", "rlhf_lab.ppo", __name__):
+        state.modules[name] = _id(sys.modules[name])
+    this = sys.modules[__name__]
+    state.own = {name: _id(getattr(this, name)) for name in __all__ if name != "reference"}
+
+    private_ppo = _load_private("ppo", "_rlhf_trusted_ppo")
+    private_reward = _load_private("reward", "_rlhf_trusted_reward")
+    state.reference_codes.update(_code_objects(private_ppo))
+    state.reference_codes.update(_code_objects(private_reward))
+    state.reference = types.SimpleNamespace(
+        **{n: getattr(private_ppo, n) for n in dir(private_ppo) if not n.startswith("_")
+           and _isinstance(getattr(private_ppo, n), types.FunctionType)},
+        preference_loss=private_reward.preference_loss,
+        fit_reward=private_reward.fit_reward,
+    )
+    reference = state.reference
+    _STATE = state
+
+
+#: Trusted reference implementations (a private copy of :mod:`rlhf_lab.ppo` and :mod:`rlhf_lab.reward`),
+#: available after :func:`start`.
+reference: types.SimpleNamespace | None = None
+
+
+def _state() -> _State:
+    if _STATE is None:
+        raise GradingError(
+            "grading.start() has not run: restart the kernel and run the notebook from the first cell"
+        )
+    return _STATE
+
+
+def _user_ns() -> dict | None:
+    try:
+        from IPython import get_ipython
+    except Exception:  # pragma: no cover - IPython is always present in a kernel
+        return None
+    shell = get_ipython()
+    return None if shell is None else shell.user_ns
+
+
+def tampering_report() -> list[str]:
+    """List every snapshotted object that no longer is what :func:`start` recorded."""
+    state = _state()
+    problems: list[str] = []
+    for label, module in _WATCHED_MODULES.items():
+        current = vars(module)
+        for (lab, name), ident in state.snapshot.items():
+            if lab == label and (name not in current or _id(current[name]) != ident):
+                problems.append(f"{label}.{name}")
+    for label, cls in _WATCHED_CLASSES.items():
+        current = vars(cls)
+        for (lab, name), ident in state.snapshot.items():
+            if lab == label and (name not in current or _id(current[name]) != ident):
+                problems.append(f"{label}.{name}")
+    for (lab, name), ident in state.snapshot.items():
+        if lab.startswith("rlhf_lab"):
+            module = sys.modules.get(lab)
+            if module is None or _id(vars(module).get(name)) != ident:
+                problems.append(f"{lab}.{name}")
+    for name, ident in state.modules.items():
+        if _id(sys.modules.get(name)) != ident:
+            problems.append(f"sys.modules[{name!r}]")
+    this = sys.modules.get(__name__)
+    for name, ident in state.own.items():
+        if this is None or _id(vars(this).get(name)) != ident:
+            problems.append(f"grading.{name}")
+    user_ns = _user_ns()
+    if user_ns is not None:
+        for name, obj in _USER_NAMES.items():
+            if name in user_ns and user_ns[name] is not obj:
+                problems.append(f"the notebook name {name!r}")
+        for name in ("float", "int", "bool", "abs", "len", "isinstance", "AssertionError", "print", "range", "sum",
+                     "min", "max", "round"):
+            if name in user_ns and user_ns[name] is not _getattr(builtins, name):
+                problems.append(f"the built-in {name!r} (shadowed in the notebook)")
+        if "grading" in user_ns and user_ns["grading"] is not this:
+            problems.append("the notebook name 'grading'")
+    return _sorted(set(problems))
+
+
+def untampered() -> None:
+    """Raise :class:`GradingError` naming anything the notebook replaced that the tests rely on."""
+    problems = tampering_report()
+    if problems:
+        shown = ", ".join(problems[:8]) + (" ..." if _len(problems) > 8 else "")
+        raise GradingError(
+            "tampering detected: code in this notebook replaced " + shown
+            + ". Tests cannot trust a kernel where these were rebound; restore them (restart the kernel "
+            "and remove the reassignment) to be graded."
+        )
+
+
+def rng(tag: str = "") -> np.random.Generator:
+    """A NumPy generator seeded from the OS at call time: fresh inputs on every grading run."""
+    seed = int.from_bytes(_urandom(8), "little")
+    SEEDS[tag] = seed
+    return _default_rng(seed)
+
+
+#: The seed of the latest :func:`rng` call per tag (to reproduce a failing fresh input).
+SEEDS: dict[str, int] = {}
+
+
+def _to_float_array(value, what: str) -> np.ndarray:
+    """Convert an answer to a float64 array with trusted NumPy; non-numeric answers fail."""
+    if _isinstance(value, (str, bytes)):
+        raise GradingError(f"{what}: expected a number or array, got the text {_repr(value)[:60]}")
+    try:
+        arr = _asarray(value, dtype=_float64)
+    except Exception as exc:  # noqa: BLE001 - any failure to convert is the student's answer's fault
+        raise GradingError(
+            f"{what}: the answer is not a number or numeric array (got {type(value).__name__}: {exc})"
+        ) from None
+    if arr.dtype != _float64 or arr.dtype.hasobject:
+        raise GradingError(f"{what}: the answer is not numeric (dtype {arr.dtype})")
+    return arr.copy()
+
+
+def _hook_for(forbidden: dict[types.CodeType, str], hits: list[str]):
+    def hook(frame, event, arg):
+        if event == "call":
+            name = forbidden.get(frame.f_code)
+            if name is not None:
+                hits.append(name)
+
+    return hook
+
+
+def call(fn, *args, task: str, forbid=(), **kwargs):
+    """Call a student's function for ``task`` and return its result converted to a float64 array.
+
+    The call runs with ``jax.disable_jit()`` (so a cached ``jax.jit`` wrapper re-executes its Python)
+    under a profile hook. If code of a forbidden library function (``rlhf_lab.<module>.<name>`` for
+    ``name`` in ``forbid``), or of the private reference copy, runs during the call or while converting
+    its result, the task counts as delegated and :class:`GradingError` is raised.
+
+    Args:
+      fn: the student's function.
+      *args, **kwargs: its inputs (fresh arrays made by the test).
+      task: the task's name, used in messages.
+      forbid: names of library functions the student must not call for this task (``"*"`` forbids all).
+
+    Returns:
+      The result as a float64 NumPy array (tuples/lists become arrays; use :func:`call_raw` for more).
+    """
+    result = call_raw(fn, *args, task=task, forbid=forbid, **kwargs)
+    return result
+
+
+def call_raw(fn, *args, task: str, forbid=(), convert=True, **kwargs):
+    """Like :func:`call`; with ``convert=False`` the raw result is returned (still checked for delegation)."""
+    untampered()
+    state = _state()
+    if not callable(fn):
+        raise GradingError(f"{task}: expected a function, got {type(fn).__name__}")
+    forbidden = dict(state.reference_codes)
+    for code, qual in state.library_codes.items():
+        short = qual.split(".")[2] if qual.count(".") >= 2 else qual
+        if "*" in forbid or short in forbid:
+            forbidden[code] = qual
+    inner = _getattr(fn, "__wrapped__", fn)
+    if _getattr(inner, "__code__", None) in forbidden:
+        raise GradingError(_delegated(task, forbidden[inner.__code__]))
+    hits: list[str] = []
+    hook = _hook_for(forbidden, hits)
+    previous = _getprofile()
+    _setprofile(hook)
+    try:
+        with _disable_jit():
+            try:
+                out = fn(*args, **kwargs)
+            except GradingError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - report the student's error clearly
+                raise GradingError(f"{task}: your function raised {type(exc).__name__}: {exc}") from None
+            if convert:
+                out = _to_float_array(out, f"{task} result")
+        still_ours = _getprofile() is hook
+    finally:
+        _setprofile(previous)
+    if not still_ours:
+        raise GradingError(f"{task}: tampering detected: the profiler used by the grader was replaced during the call")
+    if hits:
+        raise GradingError(_delegated(task, hits[0]))
+    untampered()
+    return out
+
+
+def _delegated(task: str, qual: str) -> str:
+    name = qual.replace("_rlhf_trusted_", "rlhf_lab.")
+    return (
+        f"{task}: this task must be implemented, not delegated to the course library "
+        f"({name} ran inside your function). Write the computation yourself; the library is given code "
+        f"only in later notebooks."
+    )
+
+
+def _fmt(arr: np.ndarray) -> str:
+    with np.printoptions(precision=6, suppress=True, threshold=12, edgeitems=3):
+        return np.array2string(arr) if arr.ndim else f"{_float(arr):.8g}"
+
+
+def close(actual, expected, what: str, hint: str = "", rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Assert ``|actual - expected| <= atol + rtol |expected|`` elementwise, with trusted arithmetic.
+
+    Shapes must match exactly and every entry must be finite. ``hint`` is appended to the message.
+    """
+    untampered()
+    got = _to_float_array(actual, what)
+    want = _to_float_array(expected, what + " (reference)")
+    if got.shape != want.shape:
+        raise GradingError(f"{what}: expected shape {want.shape}, got shape {got.shape}. {hint}".rstrip())
+    if not _bool(_all(_isfinite(got))):
+        raise GradingError(f"{what}: the answer contains NaN or inf: {_fmt(got)}. {hint}".rstrip())
+    diff = _abs(got - want)
+    bad = diff > atol + rtol * _abs(want)
+    if _bool(_any(bad)):
+        worst = _float(diff.max())
+        raise GradingError(
+            f"{what}: expected {_fmt(want)}, got {_fmt(got)} (largest difference {worst:.3g}). {hint}".rstrip()
+        )
+
+
+def equal(actual, expected, what: str, hint: str = "") -> None:
+    """Assert exact equality of numeric values (same shape, identical float64 entries)."""
+    untampered()
+    got = _to_float_array(actual, what)
+    want = _to_float_array(expected, what + " (reference)")
+    if got.shape != want.shape or not _bool(_array_equal(got, want)):
+        raise GradingError(f"{what}: expected exactly {_fmt(want)}, got {_fmt(got)}. {hint}".rstrip())
+
+
+def matches(actual, expected, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
+    """True when ``actual`` is numerically close to ``expected`` (for diagnosing *which* mistake was made)."""
+    try:
+        got = _to_float_array(actual, "answer")
+        want = _to_float_array(expected, "reference")
+    except GradingError:
+        return False
+    if got.shape != want.shape or not _bool(_all(_isfinite(got))):
+        return False
+    return _bool(_all(_abs(got - want) <= atol + rtol * _abs(want)))
+
+
+def check(condition, message: str) -> None:
+    """Trusted ``assert``: raise :class:`GradingError` with ``message`` unless ``condition`` holds.
+
+    ``condition`` must be a real ``bool``/NumPy bool (an object with a custom ``__bool__`` is rejected).
+    """
+    untampered()
+    if _isinstance(condition, np.ndarray) and condition.shape == ():
+        condition = condition.item()
+    if type(condition) not in (bool, np.bool_):
+        raise GradingError(f"{message} (the check received {type(condition).__name__}, not a boolean)")
+    if not _bool(condition):
+        raise GradingError(message)
+
+
+__all__ += ["call_raw", "matches", "tampering_report"]
