@@ -73,8 +73,8 @@ def fit_reward(
     checks.same_shape(("chosen_idx", "rejected_idx"), chosen_idx, rejected_idx)
     n = feats.shape[0]
     for name, idx in (("chosen_idx", chosen_idx), ("rejected_idx", rejected_idx)):
-        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer) or idx.min() < 0 or idx.max() >= n:
-            raise ValueError(f"{name} must be a 1-D array of action indices in [0, {n - 1}], got {idx}")
+        if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer) or idx.min() < 0 or idx.max() >= n:
+            raise ValueError(f"{name} must be a non-empty 1-D array of action indices in [0, {n - 1}], got {idx}")
     feats = jnp.asarray(feats, jnp.float32)
     w, losses = _fit(feats, jnp.asarray(chosen_idx), jnp.asarray(rejected_idx), steps, jnp.float32(lr))
     return FittedReward(w, jax.lax.stop_gradient(feats @ w), losses)

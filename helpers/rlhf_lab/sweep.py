@@ -10,7 +10,7 @@ import numpy as np
 
 from . import checks
 from .ppo import categorical_kl, expected_reward, optimal_logp, regularised_objective
-from .trainer import TRACE_COUNTS, PPOConfig, TrainResult, _f32, _rewards_for, train_core
+from .trainer import MAX_SEED, TRACE_COUNTS, PPOConfig, TrainResult, _f32, _rewards_for, train_core
 
 
 class GridResult(NamedTuple):
@@ -32,7 +32,8 @@ def _grid_core(key, init_logits, rewards, betas, epsilons, learning_rate, *, ite
     )
     one = lambda b, e: run(key, init_logits, rewards, b, e, learning_rate)  # noqa: E731
     res: TrainResult = jax.vmap(jax.vmap(one, in_axes=(None, 0)), in_axes=(0, None))(betas, epsilons)
-    final_logp = jnp.log(res.probs[..., -1, :])
+    # from the logits, not log(probs): an underflowed probability would give 0 * -inf = NaN in the KL
+    final_logp = jax.nn.log_softmax(res.final_logits)
     ref_logp = jax.nn.log_softmax(init_logits)
     opt = jax.vmap(lambda b: regularised_objective(optimal_logp(ref_logp, rewards, b), rewards, ref_logp, b))(betas)
     return dict(
@@ -93,8 +94,9 @@ def make_seeds(iterations: int, batch_size: int, epochs: int):
 def sweep_seeds(config: PPOConfig, seeds, rewards=None) -> TrainResult:
     """Run ``config`` once per seed in one compiled call; every field gains a leading ``[S]`` axis."""
     seeds = np.asarray(seeds)
-    if seeds.ndim != 1 or seeds.size == 0 or not np.issubdtype(seeds.dtype, np.integer) or seeds.min() < 0:
-        raise ValueError(f"seeds must be a non-empty 1-D array of non-negative integers, got {seeds!r}")
+    if (seeds.ndim != 1 or seeds.size == 0 or not np.issubdtype(seeds.dtype, np.integer)
+            or seeds.min() < 0 or seeds.max() > MAX_SEED):
+        raise ValueError(f"seeds must be a non-empty 1-D array of integers in [0, {MAX_SEED}], got {seeds!r}")
     rewards = _rewards_for(config, rewards)
     keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
     return make_seeds(*config.shape)(

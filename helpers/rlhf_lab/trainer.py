@@ -26,6 +26,8 @@ from .ppo import categorical_kl, clip_fraction, exact_advantages, expected_rewar
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
 LESSON_INIT_LOGITS = (0.2, 0.0, -0.2)
+#: Largest PRNG seed (JAX seeds are 32-bit).
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class PPOConfig:
         object.__setattr__(self, "epsilon", checks.epsilon(self.epsilon))
         object.__setattr__(self, "learning_rate", checks.learning_rate(self.learning_rate))
         seed = checks.positive_int("seed", self.seed, minimum=0)
+        if seed > MAX_SEED:  # JAX keeps only 32 bits: larger seeds would silently alias smaller ones
+            raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {seed}")
         object.__setattr__(self, "seed", seed)
         logits = checks.finite_vector("init_logits", self.init_logits)
         if logits.shape[0] < 2:
