@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # nbgrader calls the bare `alembic` and `jupyter` commands: the venv's bin must come first on PATH.
 RUN := PATH="$(VENV)/bin:$$PATH" JAX_PLATFORMS=cpu
 
-.PHONY: venv demo test test-fast test-browser bench release environment.yml lesson
+.PHONY: venv demo test test-fast test-browser bench release examples sources generated check-generated environment.yml lesson
 
 venv:
 	@tools/bootstrap.sh
@@ -30,6 +30,31 @@ test-browser: venv
 
 bench: venv
 	$(RUN) $(PY) bench/bench_trainer.py
+	$(RUN) $(PY) bench/bench_explorer.py
+	$(RUN) $(PY) bench/bench_pipeline.py
+	$(RUN) $(PY) bench/bench_parallel.py
+
+## Generated files: source notebooks (from tools/build_source_*.py), release/ (nbgrader generate_assignment),
+## example and hostile submissions (from release + source). `make generated` rebuilds all in order.
+sources: venv
+	$(RUN) $(PY) tools/build_source_ppo_rlhf.py
+	$(RUN) $(PY) tools/build_source_ppo_objective.py
+
+release: venv
+	$(RUN) $(PY) tools/make_release.py
+
+examples: venv
+	$(RUN) $(PY) tools/make_examples.py
+	$(RUN) $(PY) tools/make_hostile.py
+
+generated: sources release examples
+
+check-generated: venv
+	$(RUN) $(PY) tools/build_source_ppo_rlhf.py --check
+	$(RUN) $(PY) tools/build_source_ppo_objective.py --check
+	$(RUN) $(PY) tools/make_release.py --check
+	$(RUN) $(PY) tools/make_examples.py --check
+	$(RUN) $(PY) tools/make_hostile.py --check
 
 environment.yml: requirements.txt
 	$(PY) tools/make_environment_yml.py > environment.yml
