@@ -36,6 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+try:  # bound now, so a student who replaces IPython.get_ipython cannot hand the checks a fake namespace
+    from IPython import get_ipython as _get_ipython
+except Exception:  # pragma: no cover - IPython is always present in a kernel
+    _get_ipython = None
+import threading as _threading
+
 __all__ = ["start", "untampered", "call", "close", "equal", "check", "rng", "reference", "GradingError"]
 
 
@@ -64,6 +70,7 @@ _id = builtins.id
 _sorted = builtins.sorted
 _setprofile = sys.setprofile
 _getprofile = sys.getprofile
+_settrace = sys.settrace
 _disable_jit = jax.disable_jit
 _urandom = os.urandom
 _default_rng = np.random.default_rng
@@ -102,6 +109,13 @@ class _State:
         self.reference_codes: dict[types.CodeType, str] = {}
         self.own: dict[str, int] = {}
         self.reference: types.SimpleNamespace | None = None
+        # identity of every trusted reference function, its code and defaults, and of every global of
+        # the private modules they run in (``grading.reference.f.__code__ = ...`` or
+        # ``grading.reference.f.__globals__["jnp"] = ...`` would otherwise go unnoticed)
+        self.reference_ids: dict[str, tuple] = {}
+        self.private_globals: dict[str, tuple[dict, dict[str, int]]] = {}
+        # code objects whose execution inside a student's function is tampering, not delegation
+        self.tamper_codes: dict[types.CodeType, str] = {}
 
 
 _STATE: _State | None = None
@@ -184,8 +198,25 @@ def start() -> None:
         preference_loss=private_reward.preference_loss,
         fit_reward=private_reward.fit_reward,
     )
+    for name, fn in vars(state.reference).items():
+        state.reference_ids[name] = _fingerprint(fn)
+    for label, module in (("ppo", private_ppo), ("reward", private_reward)):
+        namespace = vars(module)
+        state.private_globals[label] = (namespace, {k: _id(v) for k, v in namespace.items()
+                                                     if k not in _SKIP_ATTRS})
+    state.own["reference"] = _id(state.reference)
+    for fn, label in ((_threading.setprofile, "threading.setprofile"), (_threading.settrace, "threading.settrace")):
+        code = _getattr(fn, "__code__", None)
+        if code is not None:
+            state.tamper_codes[code] = label
     reference = state.reference
     _STATE = state
+
+
+def _fingerprint(fn) -> tuple:
+    """Identity of a function and of the parts a student could swap without replacing it."""
+    return (_id(fn), _id(_getattr(fn, "__code__", None)), _id(_getattr(fn, "__defaults__", None)),
+            _id(_getattr(fn, "__kwdefaults__", None)), _id(_getattr(fn, "__wrapped__", None)))
 
 
 #: Trusted reference implementations (a private copy of :mod:`rlhf_lab.ppo` and :mod:`rlhf_lab.reward`),
@@ -202,11 +233,9 @@ def _state() -> _State:
 
 
 def _user_ns() -> dict | None:
-    try:
-        from IPython import get_ipython
-    except Exception:  # pragma: no cover - IPython is always present in a kernel
+    if _get_ipython is None:  # pragma: no cover - IPython is always present in a kernel
         return None
-    shell = get_ipython()
+    shell = _get_ipython()
     return None if shell is None else shell.user_ns
 
 
@@ -236,6 +265,21 @@ def tampering_report() -> list[str]:
     for name, ident in state.own.items():
         if this is None or _id(vars(this).get(name)) != ident:
             problems.append(f"grading.{name}")
+    if this is not None and _GUARD_CLASS and type(this) is not _GUARD_CLASS[0]:
+        problems.append("the grading module's class (its protection was removed)")
+    current_ref = vars(this).get("reference") if this is not None else None
+    if current_ref is not state.reference:
+        problems.append("grading.reference")
+    for name, fingerprint in state.reference_ids.items():
+        fn = vars(state.reference).get(name)
+        if fn is None or _fingerprint(fn) != fingerprint:
+            problems.append(f"grading.reference.{name}")
+    if _sorted(vars(state.reference)) != _sorted(state.reference_ids):
+        problems.append("grading.reference (names added or removed)")
+    for label, (namespace, ids) in state.private_globals.items():
+        for name, ident in ids.items():
+            if _id(namespace.get(name)) != ident:
+                problems.append(f"a global of the trusted reference copy ({label}.{name})")
     user_ns = _user_ns()
     if user_ns is not None:
         for name, obj in _USER_NAMES.items():
@@ -288,12 +332,28 @@ def _to_float_array(value, what: str) -> np.ndarray:
     return arr.copy()
 
 
-def _hook_for(forbidden: dict[types.CodeType, str], hits: list[str]):
+def _hook_for(forbidden: dict[types.CodeType, str], hits: list[str], tampered: list[str] | None = None,
+              tamper_codes: dict | None = None, armed: list | None = None):
+    """The profile function used by :func:`call_raw`.
+
+    ``call`` events of forbidden code record delegation in ``hits``. A ``c_call`` of
+    ``sys.setprofile``/``sys.settrace`` (or a call of ``threading.setprofile``/``settrace``) while
+    ``armed`` records tampering: a student function that switched the hook off around a call to
+    the library and back on again would otherwise hide the delegation.
+    """
+    tamper_codes = tamper_codes or {}
+
     def hook(frame, event, arg):
         if event == "call":
-            name = forbidden.get(frame.f_code)
+            code = frame.f_code
+            name = forbidden.get(code)
             if name is not None:
                 hits.append(name)
+            elif tampered is not None and code in tamper_codes:
+                tampered.append(tamper_codes[code])
+        elif event == "c_call" and tampered is not None and (arg is _setprofile or arg is _settrace):
+            if armed is None or armed[0]:
+                tampered.append("sys.setprofile" if arg is _setprofile else "sys.settrace")
 
     return hook
 
@@ -334,7 +394,9 @@ def call_raw(fn, *args, task: str, forbid=(), convert=True, **kwargs):
     if _getattr(inner, "__code__", None) in forbidden:
         raise GradingError(_delegated(task, forbidden[inner.__code__]))
     hits: list[str] = []
-    hook = _hook_for(forbidden, hits)
+    tampered: list[str] = []
+    armed = [True]
+    hook = _hook_for(forbidden, hits, tampered, state.tamper_codes, armed)
     previous = _getprofile()
     _setprofile(hook)
     try:
@@ -349,9 +411,12 @@ def call_raw(fn, *args, task: str, forbid=(), convert=True, **kwargs):
                 out = _to_float_array(out, f"{task} result")
         still_ours = _getprofile() is hook
     finally:
+        armed[0] = False
         _setprofile(previous)
-    if not still_ours:
-        raise GradingError(f"{task}: tampering detected: the profiler used by the grader was replaced during the call")
+    if not still_ours or tampered:
+        what = tampered[0] if tampered else "sys.setprofile"
+        raise GradingError(f"{task}: tampering detected: your function called {what}, switching off the profiler "
+                           "the grader uses to check that the task is implemented, not delegated")
     if hits:
         raise GradingError(_delegated(task, hits[0]))
     untampered()
@@ -429,3 +494,42 @@ def check(condition, message: str) -> None:
 
 
 __all__ += ["call_raw", "matches", "tampering_report"]
+
+
+def _guard_module() -> None:
+    """Make ``grading.<public name>`` always resolve to the real primitive.
+
+    A student cell can write ``grading.close = lambda *a, **k: None``; if the hidden tests then
+    looked ``close`` up on the module they would call the student's function and no trusted code
+    would ever run. The module's class is switched to a :class:`types.ModuleType` subclass whose
+    attribute lookup returns the originals (captured here, in a closure) for the public API, so
+    the tests keep calling the real primitives, and those report the write as tampering
+    (:func:`tampering_report` compares the module's ``__dict__`` with :func:`start`'s snapshot).
+    Assignments still succeed (nothing in a student's cell raises), they just cannot take effect.
+    Swapping the class back, writing ``sys.modules`` or rebinding the name ``grading`` itself
+    are caught by :func:`tampering_report` when they matter and are blocked before grading by
+    the instructor pipeline's static integrity scan.
+    """
+    module = sys.modules[__name__]
+    trusted = {name: vars(module)[name] for name in __all__ if name in vars(module) and name != "reference"}
+    trusted_state = _state_ref
+
+    class _GuardedModule(types.ModuleType):
+        def __getattribute__(self, name):
+            if name in trusted:
+                return trusted[name]
+            if name == "reference":
+                state = trusted_state()
+                return state.reference if state is not None else None
+            return super().__getattribute__(name)
+
+    module.__class__ = _GuardedModule
+    _GUARD_CLASS.append(_GuardedModule)
+
+
+def _state_ref():
+    return _STATE
+
+
+_GUARD_CLASS: list = []
+_guard_module()

@@ -1,0 +1,18 @@
+"""Instructor tools: the nbgrader pipeline of the course and its bundled example class.
+
+* :mod:`.pipeline`: generate -> collect -> autograde (one process per student) -> feedback ->
+  export, plus the gradebook read back as tables (:func:`~.pipeline.run_class` does it all);
+* :mod:`.submissions`: example submissions built from ``release/`` (correct, unchanged, one per
+  mistake recipe in ``examples/mistakes/``, noisy-but-correct);
+* :mod:`.preprocessors`: the autograde step that keeps harmless stderr from costing points.
+
+Command-line entry points: ``python -m rlhf_lab.demo`` (``make demo``), ``tools/make_release.py``
+and ``tools/make_examples.py``.
+"""
+from .pipeline import (  # noqa: F401
+    COURSE_ID, REPO_ROOT, CellGrade, ClassRun, CollectResult, CommandRun, Grades, PipelineError,
+    StudentRun, ValidateResult, assignments, autograde, autograde_student, check_config,
+    clean_outputs, collect, copy_course, course_root, export_csv, feedback, feedback_files, format_tables,
+    generate, graded_assignments, nbgrader_env, notebooks, pending, read_grades, run_class,
+    run_nbgrader, submitted_students, validate, venv_bin,
+)

@@ -1,0 +1,210 @@
+"""Kernel-level limits for autograding untrusted notebooks (wired in ``nbgrader_config.py``).
+
+nbgrader runs each submission in a Jupyter kernel that inherits the grader's process limits and
+environment. This module changes two things, both in the grader's own process, so no student code
+can undo them before they take effect:
+
+:class:`LimitedKernelManager` (the kernel launcher)
+    Starts the kernel with OS resource limits set by ``setrlimit`` between ``fork`` and ``exec``
+    (a ``preexec_fn``), so they hold from the kernel's first instruction:
+
+    * ``RLIMIT_AS`` (address space) ``RLHF_KERNEL_MEMORY_MB`` MiB, default 4096. A cell that
+      allocates far too much gets a ``MemoryError`` (or, inside native code, the kernel dies)
+      instead of driving the machine into the OOM killer. A JAX kernel that has run the whole
+      lesson maps about 1.6 GiB, so 4 GiB leaves ample room for correct work.
+    * ``RLIMIT_FSIZE`` (largest file the kernel may write) ``RLHF_KERNEL_FILE_MB`` MiB, default 1024.
+    * ``RLIMIT_CORE`` 0 (a crashing kernel does not dump a multi-GiB core file).
+
+    ``RLHF_KERNEL_SCRUB_ENV`` (comma-separated) removes environment variables from the kernel,
+    for example ``NBGRADER_EXECUTION``, which nbgrader sets so a notebook can tell it is being
+    graded. It is kept by default because the course's own locked cells use it to skip the live
+    explorer; student cells that read it are blocked by the integrity scan (:mod:`.integrity`).
+
+:class:`Execute` (nbgrader's ``Execute`` with one more guarantee; alias ``GuardedExecute``)
+    Stock nbgrader aborts a student's whole assignment when the kernel dies (``os._exit``, a
+    native crash, the memory limit) or ignores the interrupt sent at the per-cell timeout (an
+    infinite loop with ``SIGINT`` ignored): nothing of that student is graded and the autograded
+    folder is deleted. This ``Execute`` instead records an error output on the cell that
+    killed or hung the kernel, kills the kernel's process group, marks every later code cell
+    as not run (an error output, so its test scores zero) and lets nbgrader save the grades of
+    everything that finished. The student is graded on what ran; the next student starts a fresh
+    kernel as usual.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import signal
+
+from jupyter_client.manager import AsyncKernelManager
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat.notebooknode import NotebookNode
+from nbgrader.preprocessors import Execute as _NbgraderExecute
+from traitlets import Integer, Unicode
+
+MIB = 1024 * 1024
+#: ``ename`` of the error output put on a cell that killed or hung the kernel.
+KERNEL_STOPPED = "KernelStopped"
+#: ``ename`` of the error output put on every later code cell, which did not run.
+NOT_RUN = "CellNotRun"
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def limits_preexec(memory_mb: int, file_mb: int):
+    """Return a ``preexec_fn`` that sets the kernel's resource limits.
+
+    Soft and hard limits are both set, so an unprivileged kernel cannot raise them again (a kernel
+    running as root could; see ``docs/security.md`` for isolating the grader itself).
+    ``memory_mb <= 0`` / ``file_mb <= 0`` leave that limit unchanged.
+    """
+
+    def preexec() -> None:  # runs in the child between fork and exec: keep it tiny
+        if memory_mb > 0:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb * MIB, memory_mb * MIB))
+        if file_mb > 0:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb * MIB, file_mb * MIB))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return preexec
+
+
+class LimitedKernelManager(AsyncKernelManager):
+    """An ``AsyncKernelManager`` whose kernels start under resource limits (see the module docstring)."""
+
+    memory_mb = Integer(
+        _env_int("RLHF_KERNEL_MEMORY_MB", 4096),
+        help="Address-space limit of the kernel in MiB (RLIMIT_AS); 0 for none.",
+    ).tag(config=True)
+    file_mb = Integer(
+        _env_int("RLHF_KERNEL_FILE_MB", 1024),
+        help="Largest file the kernel may write, in MiB (RLIMIT_FSIZE); 0 for none.",
+    ).tag(config=True)
+    scrub_env = Unicode(
+        os.environ.get("RLHF_KERNEL_SCRUB_ENV", ""),
+        help="Comma-separated environment variables removed from the kernel's environment "
+             "(for example NBGRADER_EXECUTION; empty by default because the course's own locked "
+             "cells read it to skip the live explorer while autograding).",
+    ).tag(config=True)
+
+    _kernel_pgid: int | None = None
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        env = dict(kw.get("env") or os.environ)
+        for name in filter(None, (n.strip() for n in self.scrub_env.split(","))):
+            env.pop(name, None)
+        kw["env"] = env
+        kw["preexec_fn"] = limits_preexec(self.memory_mb, self.file_mb)
+        await super()._async_launch_kernel(kernel_cmd, **kw)
+        provisioner = self.provisioner
+        self._kernel_pgid = getattr(provisioner, "pgid", None)
+
+    def kill_process_group(self) -> None:
+        """SIGKILL the kernel's whole process group (the kernel and anything it spawned)."""
+        pgid = self._kernel_pgid
+        if pgid and pgid != os.getpgid(0):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        # Whatever the student's code left running in the kernel's group goes with the kernel.
+        self.kill_process_group()
+        await super()._async_cleanup_resources(restart=restart)
+
+
+def _error_output(ename: str, evalue: str) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue,
+                        traceback=[f"\x1b[0;31m{ename}\x1b[0m: {evalue}"])
+
+
+class Execute(_NbgraderExecute):
+    """nbgrader's ``Execute`` that survives a dead or unresponsive kernel (see the module docstring).
+
+    A drop-in replacement: same class name, so every ``c.Execute.*`` setting of
+    ``nbgrader_config.py`` (timeout, iopub_timeout, ...) applies to it unchanged.
+    """
+
+    kill_grace = Integer(5, help="Seconds to wait for a stuck kernel before killing it.").tag(config=True)
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("kernel_manager_class", LimitedKernelManager)
+        super().__init__(*args, **kwargs)
+        self._stopped: tuple[int, str] | None = None
+        self._watchdog_killed = False
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        """Interrupt as nbgrader does; if the kernel is still busy ``kill_grace`` s later, kill it.
+
+        Without this, a cell that ignores SIGINT keeps the grader waiting for the whole
+        ``iopub_timeout`` and then fails the student's entire assignment.
+        """
+        reply = await super()._async_handle_timeout(timeout, cell)
+        task = getattr(self, "task_poll_for_reply", None)
+        if task is not None:
+            asyncio.ensure_future(self._kill_if_still_busy(task))
+        return reply
+
+    async def _kill_if_still_busy(self, task) -> None:
+        await asyncio.sleep(self.kill_grace)
+        if not task.done():
+            self._watchdog_killed = True
+            self._kill_kernel()
+            task.cancel()  # nbclient turns the cancelled wait into DeadKernelError
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._stopped = None
+        nb, resources = super().preprocess(nb, resources, km)
+        if self._stopped is not None:
+            index, reason = self._stopped
+            resources.setdefault("kernel_stopped", {"cell": index, "reason": reason})
+        return nb, resources
+
+    def preprocess_cell(self, cell, resources, index):
+        if self._stopped is not None:
+            if cell.cell_type == "code" and cell.source.strip():
+                stopped_at, reason = self._stopped
+                cell.outputs = [_error_output(
+                    NOT_RUN, f"not run: the kernel stopped in cell {stopped_at} ({reason})")]
+                cell.execution_count = None
+            return cell, self.resources
+        self._watchdog_killed = False
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        except DeadKernelError:
+            if self._watchdog_killed:
+                reason = ("the cell was still running after the per-cell timeout and ignored the "
+                          "interrupt, so the kernel was killed")
+            else:
+                reason = "the kernel died while this cell ran (os._exit, a crash, or the memory limit)"
+        except CellTimeoutError:
+            reason = ("the cell was still running after the per-cell timeout and ignored the "
+                      "interrupt, so the kernel was killed")
+        self.log.error("Cell %d: %s", index, reason)
+        cell.outputs = list(cell.get("outputs", [])) + [_error_output(KERNEL_STOPPED, reason)]
+        self._stopped = (index, reason)
+        self._kill_kernel()
+        return cell, self.resources
+
+    def _kill_kernel(self) -> None:
+        km = getattr(self, "km", None)
+        if km is None:
+            return
+        if isinstance(km, LimitedKernelManager):
+            km.kill_process_group()
+        else:  # pragma: no cover - only when someone configures another kernel manager
+            provisioner = getattr(km, "provisioner", None)
+            process = getattr(provisioner, "process", None)
+            if process is not None:
+                process.kill()
+
+
+#: Readable alias of :class:`Execute`.
+GuardedExecute = Execute

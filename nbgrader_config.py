@@ -1,0 +1,149 @@
+"""nbgrader configuration of the course ``rlhf-ppo``.
+
+The course root is the folder holding this file (override with ``RLHF_COURSE_ROOT``), and the
+gradebook is the SQLite file ``<root>/gradebook.db`` (override with ``RLHF_COURSE_DB``, for
+example ``postgresql://user@127.0.0.1:5432/grades``). Both overrides exist so tests, the demo's
+``--workdir`` and the parallel grader can run the real pipeline on a copy of the course.
+
+What this file makes robust, and why:
+
+* **stderr never costs points.** nbgrader gives a test cell zero points as soon as it wrote
+  anything to stderr (``nbgrader.utils.determine_grade``). A correct answer can trigger a harmless
+  ``UserWarning`` from JAX or matplotlib, so the autograde pipeline gets one extra step right after
+  execution, :class:`rlhf_lab.instructor.preprocessors.StderrToStdout`, which relabels every stderr
+  stream as stdout (each line prefixed ``[stderr]`` so the feedback still shows it). Exceptions,
+  failed asserts, timeouts and dead kernels are ``error`` outputs, never stderr, so a failing test
+  still scores zero. The kernel environment below also removes the usual sources of noise.
+* **Per-cell timeout.** A cell that runs longer than ``RLHF_CELL_TIMEOUT`` seconds (default 60)
+  is interrupted and recorded as a ``CellTimeoutError``; the rest of the notebook still runs, so
+  the student is graded on what finished.
+* **No silent output loss.** After a cell's reply nbgrader waits ``iopub_timeout`` seconds for its
+  outputs and fails the notebook rather than grading incomplete outputs; the wait is generous so a
+  busy machine (parallel grading) does not fail good submissions.
+
+nbgrader only *warns* when a config file fails to load, so the instructor pipeline
+(:mod:`rlhf_lab.instructor`) checks that this file loaded with these settings before it grades.
+"""
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_root = os.path.abspath(os.environ.get("RLHF_COURSE_ROOT") or _here)
+_db = os.environ.get("RLHF_COURSE_DB") or "sqlite:///" + os.path.join(_root, "gradebook.db")
+_cell_timeout = int(os.environ.get("RLHF_CELL_TIMEOUT", "60"))
+
+# The kernels nbgrader starts inherit this process's environment. JAX_PLATFORMS=cpu stops JAX from
+# probing for accelerators (and warning that none was found); TF_CPP_MIN_LOG_LEVEL silences XLA's
+# C++ INFO/WARNING log lines, which would otherwise land on the cell's stderr.
+for _name, _value in {
+    "JAX_PLATFORMS": "cpu",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+}.items():
+    os.environ.setdefault(_name, _value)
+# A non-interactive MPLBACKEND (test runners often export Agg) would stop ipykernel from choosing its
+# inline backend, and every plt.show() would warn on stderr: let the kernel pick its own backend.
+os.environ.pop("MPLBACKEND", None)
+# nbgrader shells out to the bare `alembic` and `jupyter` commands: use the ones next to this Python.
+_bin = os.path.dirname(sys.executable)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
+    os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
+
+c = get_config()  # noqa: F821 (provided by traitlets when it executes this file)
+
+c.CourseDirectory.course_id = "rlhf-ppo"
+c.CourseDirectory.root = _root
+c.CourseDirectory.db_url = _db
+# Never copy caches or checkpoints into release/ or autograded/.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".DS_Store"]
+
+# --- execution (autograde and validate) --------------------------------------------------------
+c.Execute.timeout = _cell_timeout
+c.Execute.interrupt_on_timeout = True
+c.Execute.startup_timeout = 120
+c.Execute.iopub_timeout = 30
+c.Execute.raise_on_iopub_timeout = True
+c.Execute.execute_retries = 0
+
+# --- autograde: relabel stderr right after execution (see the module docstring) ----------------
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (  # noqa: E402
+    AssignLatePenalties, CheckCellMetadata, Execute, IgnorePattern, LimitOutput, SaveAutoGrades,
+)
+
+
+def _course_preprocessors():
+    """Load ``rlhf_lab/instructor/preprocessors.py`` by its file path.
+
+    ``import rlhf_lab.instructor.preprocessors`` would first run the helper library's package
+    ``__init__``, which imports JAX: about a second of start-up in every nbgrader process, that is,
+    per autograded student. The module itself needs only nbgrader and traitlets.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("rlhf_lab")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the course's helper library rlhf_lab is not installed in this environment")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "instructor", "preprocessors.py")
+    name = "rlhf_lab_course_preprocessors"
+    if name not in sys.modules:
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+StderrToStdout = _course_preprocessors().StderrToStdout
+
+c.Autograde.autograde_preprocessors = [
+    Execute,
+    StderrToStdout,
+    IgnorePattern,
+    ClearMetadataPreprocessor,
+    LimitOutput,
+    SaveAutoGrades,
+    AssignLatePenalties,
+    CheckCellMetadata,
+]
+
+# The marker lets the pipeline prove this file was loaded by the nbgrader process it started.
+c.StderrToStdout.prefix = "[stderr] "
+
+# --- trust: kernel limits, a kernel death never costs the rest, feedback without hidden tests -----
+# (added for the trust work; see docs/security.md and rlhf_lab/instructor/{kernel_guard,feedback_filter}.py)
+# * Execute is replaced by rlhf_lab's drop-in subclass of the same name (every c.Execute.* setting
+#   above still applies): kernels start under RLIMIT_AS = $RLHF_KERNEL_MEMORY_MB MiB (default 4096)
+#   and RLIMIT_FSIZE = $RLHF_KERNEL_FILE_MB MiB (default 1024), optionally as $RLHF_KERNEL_USER, and a
+#   kernel that dies (os._exit, crash, memory) or ignores the timeout's interrupt is killed, the
+#   cells after it are marked not run, and the student is graded on what finished.
+# * generate_feedback drops hidden-test code and traceback context from the feedback HTML
+#   (nbgrader issue #1363) but keeps each failure's message.
+# Both modules are loaded by file path, like StderrToStdout, so nbgrader never imports JAX.
+def _course_module(filename, name):
+    import importlib.util
+
+    spec = importlib.util.find_spec("rlhf_lab")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the course's helper library rlhf_lab is not installed in this environment")
+    if name not in sys.modules:
+        path = os.path.join(list(spec.submodule_search_locations)[0], "instructor", filename)
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_kernel_guard = _course_module("kernel_guard.py", "rlhf_lab_course_kernel_guard")
+c.Autograde.autograde_preprocessors = [
+    _kernel_guard.Execute if p is Execute else p for p in c.Autograde.autograde_preprocessors
+]
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
+from nbgrader.preprocessors import GetGrades  # noqa: E402
+
+c.GenerateFeedback.preprocessors = [
+    GetGrades,
+    _course_module("feedback_filter.py", "rlhf_lab_course_feedback_filter").HideHiddenTests,
+    CSSHTMLHeaderPreprocessor,
+]

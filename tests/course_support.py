@@ -1,0 +1,159 @@
+"""Shared, session-scoped support for tests that run the REAL nbgrader pipeline on the course.
+
+Import what you need in a test module (``tests/`` is on ``sys.path``; see conftest.py)::
+
+    from course_support import bundled_class, course_template, run_custom_class, ...
+
+Expensive things happen once per pytest session and are memoised at module level, so importing a
+fixture into several test modules never runs the class twice.
+
+API
+---
+``REPO``
+    The repository root (the course root).
+``course_template(base) -> Path``
+    A copy of the course (``nbgrader_config.py``, ``source/``, ``release/``, ``examples/``) in which
+    ``nbgrader generate_assignment`` has run for every assignment, so its SQLite ``gradebook.db``
+    knows every notebook and graded cell. Built once per session under ``base``.
+``fresh_course(dest, base) -> Path``
+    A new copy of that template at ``dest`` (gradebook included): a private course to grade into.
+``bundled_class(base) -> ClassRun``
+    The bundled example class (``examples/submissions``: correct, unchanged release, one student
+    per mistake recipe, noisy-but-correct) through collect -> autograde (one nbgrader process per
+    student) -> feedback -> export, in its own copy of the template. Once per session.
+    ``ClassRun`` is :class:`rlhf_lab.instructor.pipeline.ClassRun`: ``.root``, ``.runs``
+    (:class:`StudentRun` per student and assignment: ok / reason / notes / seconds),
+    ``.grades`` (:class:`Grades`: ``.cell(student, assignment, grade_id)``, ``.by_cell(...)``,
+    ``.totals``, ``.tests(assignment)``), ``.feedback``, ``.csv_path``, ``.collected``.
+``run_custom_class(dest, submissions, base, names=None, grader=None) -> ClassRun``
+    Grade YOUR submissions in a fresh copy of the template. ``submissions`` maps
+    ``student -> assignment -> notebook name -> NotebookNode | str | bytes`` (str/bytes are written
+    verbatim, e.g. invalid JSON; ``None`` omits the notebook). ``grader`` replaces the sequential
+    loop (signature of :func:`rlhf_lab.instructor.pipeline.run_class`'s ``grader``).
+``correct_submission(assignment)`` / ``release_submission(assignment)``
+    ``{notebook name: NotebookNode}`` built from the committed release (and source solutions).
+``replace_cell(nb, grade_id, code)``
+    A copy of a notebook with one cell's source replaced.
+``mistakes()``
+    ``{student_id: Mistake}`` of the bundled class (recipe, assignment, notebook, grade_id, fails).
+
+pytest fixtures (session scope): ``course_template_dir``, ``bundled_class_run``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_bin = str(Path(sys.executable).parent)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
+    os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from rlhf_lab.instructor import pipeline, submissions  # noqa: E402
+from rlhf_lab.instructor.pipeline import ClassRun  # noqa: E402
+
+_CACHE: dict = {}
+
+
+def course_template(base: Path) -> Path:
+    """The generated course template (see module docstring); built once per session."""
+    if "template" not in _CACHE:
+        root = pipeline.copy_course(Path(base) / "course_template", REPO)
+        pipeline.check_config(root)
+        pipeline.generate(root, pipeline.assignments(root))
+        _CACHE["template"] = root
+    return _CACHE["template"]
+
+
+def fresh_course(dest: Path, base: Path) -> Path:
+    """A private copy of the generated template at ``dest`` (gradebook included)."""
+    template = course_template(base)
+    dest = Path(dest)
+    shutil.copytree(template, dest, ignore=shutil.ignore_patterns("submitted", "autograded", "feedback"))
+    (dest / "autograded").mkdir(exist_ok=True)
+    return dest.resolve()
+
+
+def bundled_class(base: Path) -> ClassRun:
+    """The bundled example class, graded once per session (see module docstring)."""
+    if "bundled" not in _CACHE:
+        root = fresh_course(Path(base) / "bundled_class", base)
+        _CACHE["bundled"] = pipeline.run_class(root / "examples" / "submissions", root=root,
+                                               fresh=False, regenerate=False)
+    return _CACHE["bundled"]
+
+
+def write_submissions(folder: Path, subs: dict) -> Path:
+    """Write ``student -> assignment -> notebook -> content`` under ``folder``; returns it."""
+    folder = Path(folder)
+    for student, by_assignment in subs.items():
+        for assignment, nbs in by_assignment.items():
+            adir = folder / student / assignment
+            adir.mkdir(parents=True, exist_ok=True)
+            for name, content in nbs.items():
+                if content is None:
+                    continue
+                path = adir / (name if name.endswith(".ipynb") or "." in name else name + ".ipynb")
+                if isinstance(content, bytes):
+                    path.write_bytes(content)
+                elif isinstance(content, str):
+                    path.write_text(content, encoding="utf-8")
+                else:
+                    path.write_text(submissions.dumps(content), encoding="utf-8")
+    return folder
+
+
+def run_custom_class(dest: Path, subs: dict, base: Path, names=None, grader=None) -> ClassRun:
+    """Grade ``subs`` (see module docstring) in a fresh template copy at ``dest``."""
+    root = fresh_course(dest, base)
+    folder = write_submissions(root / "custom_submissions", subs)
+    if names is None:
+        names = sorted({a for by_a in subs.values() for a in by_a})
+    return pipeline.run_class(folder, root=root, names=names, fresh=False, regenerate=False, grader=grader)
+
+
+def correct_submission(assignment: str) -> dict:
+    return submissions.correct_submission(assignment, REPO)
+
+
+def release_submission(assignment: str) -> dict:
+    return submissions.release_submission(assignment, REPO)
+
+
+def replace_cell(nb, grade_id: str, code: str):
+    return submissions.replace_cell(nb, grade_id, code)
+
+
+def mistakes() -> dict:
+    return submissions.mistake_students(submissions.all_mistakes(REPO))
+
+
+def read_notebook(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+@pytest.fixture(scope="session")
+def course_template_dir(tmp_path_factory) -> Path:
+    return course_template(_session_base(tmp_path_factory))
+
+
+@pytest.fixture(scope="session")
+def bundled_class_run(tmp_path_factory) -> ClassRun:
+    return bundled_class(_session_base(tmp_path_factory))
+
+
+def _session_base(tmp_path_factory) -> Path:
+    if "base" not in _CACHE:
+        _CACHE["base"] = tmp_path_factory.mktemp("course_support")
+    return _CACHE["base"]
+
+
+def session_base(tmp_path_factory) -> Path:
+    """The session's scratch folder for course copies (pass it as ``base`` above)."""
+    return _session_base(tmp_path_factory)

@@ -1,0 +1,593 @@
+"""Grading that can be trusted (issue 5): hostile and broken submissions, timeouts, re-runs, nothing lost.
+
+Fast tests (no nbgrader run): the committed hostile cases are in sync with their generator, the
+static integrity scan blocks every tampering construct and raises no false alarm on honest code or
+on the bundled example class, the pre-flight reports every malformed case, the feedback filter
+removes hidden-test code but keeps the failure message, the kernel limits are wired in
+``nbgrader_config.py`` and hold in a started process, and ``release/`` holds no hidden-test line.
+
+Slow tests grade for real:
+
+* ``hostile_run`` (module scope): every case of ``examples/hostile`` through collect -> integrity
+  pre-flight -> ``nbgrader autograde`` (one process per student) -> integrity overrides ->
+  ``generate_feedback`` -> export, in a private copy of the course. Each case is then checked
+  against its expectations (``hostile.verdict``): the autograder's own score, the final score,
+  the integrity findings and the runtime defence's message.
+* the bundled example class (``bundled_class_run``, graded once per session by course_support) is
+  graded a second time from scratch in a fresh course copy; that run is killed after two students
+  (every process of it, SIGKILL), the grades already written are checked, the run is resumed (it
+  grades only what is missing) and the final grades must equal the first run's, cell by cell.
+  By default the second run covers ``ppo_objective`` (every student who submitted it);
+  ``RLHF_TRUST_FULL_CLASS=1`` makes it cover both assignments.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_support import (  # noqa: F401  (fixtures are used by name)
+    REPO, bundled_class_run, course_template_dir, fresh_course, session_base,
+)
+from rlhf_lab.instructor import backup, feedback_filter, hostile, integrity, kernel_guard, pipeline
+
+HOSTILE = REPO / "examples" / "hostile"
+CASES = hostile.load_cases(HOSTILE)
+CASE_IDS = [c.student for c in CASES]
+CELL_TIMEOUT = "30"  # seconds per cell for the hostile class (its honest cells take < 5 s)
+
+
+# ============================================================================ fast: static checks
+def test_committed_hostile_cases_equal_a_fresh_build():
+    diff = hostile.cases_diff(REPO)
+    assert not diff, f"examples/hostile is stale (run tools/make_hostile.py): {diff[:10]}"
+
+
+BLOCKED_SNIPPETS = {
+    "np.testing.assert_allclose = lambda *a, **k: None": "tamper-attribute",
+    "import jax.numpy as J\nJ.allclose = lambda *a, **k: True": "tamper-attribute",
+    "jax.grad = lambda f: f": "tamper-attribute",
+    "float = lambda x=0: 0.0": "rebind-builtin",
+    "import builtins\nbuiltins.float = int": "tamper-attribute",
+    "import rlhf_lab.ppo\nrlhf_lab.ppo.ppo_loss = lambda *a: 0": "tamper-attribute",
+    "grading.close = lambda *a, **k: None": "tamper-attribute",
+    "setattr(np.testing, 'assert_allclose', print)": "tamper-attribute",
+    "import unittest\nunittest.TestCase.assertEqual = lambda *a: None": "tamper-attribute",
+    "np = FakeNumpy()": "rebind-name",
+    "import cupy as np": "rebind-name",
+    "class A(float):\n    def __eq__(self, other):\n        return True": "fake-dunder",
+    "class A:\n    __bool__ = lambda self: True": "fake-dunder",
+    "A = type('A', (), {'__eq__': lambda s, o: True})": "fake-dunder",
+    "import os\nif os.environ.get('NBGRADER_' + 'EXECUTION'):\n    pass": "grading-detection",
+    "import os\nos._exit(0)": "blocked-call",
+    "import sys\nsys.exit()": "blocked-call",
+    "raise SystemExit": "blocked-call",
+    "import sys\nsys.modules['numpy'] = None": "sys-modules",
+    "import sys\nsys.setprofile(None)": "blocked-call",
+    "import sys\nsys.settrace(None)": "blocked-call",
+    "import ctypes": "blocked-import",
+    "import gc\ngc.get_referrers(np)": "blocked-call",
+    "import sys\nframe = sys._getframe(1)": "blocked-call",
+    "f = lambda: 0\nf.__code__ = g.__code__": "tamper-internals",
+    "exec('np.testing.assert_allclose = None')": "tamper-attribute",
+    "exec(codecs.decode(payload, 'rot13'))": "dynamic-code",
+    "get_ipython().events.register('pre_run_cell', patch)": "ipython-internals",
+    "!sed -i s/0/9/ ../../../gradebook.db": "shell",
+    "import subprocess": "blocked-import",
+    "import sqlite3": "blocked-import",
+    "open('../../../helpers/rlhf_lab/ppo.py', 'w').write('')": "file-tamper",
+    "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)": "blocked-import",
+}
+
+
+@pytest.mark.parametrize("code", list(BLOCKED_SNIPPETS))
+def test_static_scan_blocks_tampering_constructs(code):
+    hits = integrity.scan_code(code)
+    codes = {h.code for h in hits if h.severity == integrity.BLOCK}
+    assert BLOCKED_SNIPPETS[code] in codes, (code, hits)
+    assert all(h.line >= 1 and h.message for h in hits)
+
+
+HONEST_SNIPPETS = [
+    "import numpy as np\nimport jax\nimport jax.numpy as jnp\n"
+    "def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):\n"
+    "    '''Mentions the autograder in a docstring, which changes nothing.'''\n"
+    "    ratio = jnp.asarray(ratio)\n    if not clip:\n        return ratio * advantage\n"
+    "    return jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)\n",
+    "total = 0\nfor i in range(3):\n    total += i\nprint(f'{total=}')\n%matplotlib inline\n",
+    "import matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (6, 4)\nfig, ax = plt.subplots()\n"
+    "ax.set_xlabel('ratio')\n",
+    "class Result:\n    def __init__(self, value):\n        self.value = value\n    def __repr__(self):\n"
+    "        return f'Result({self.value})'\n",
+    "capped_ratio = 1.8\ncapped_advantage = 1.5\n",
+    "x = np.zeros(3)\nx[0] = 1.0\nkey = jax.random.PRNGKey(0)\n",
+]
+
+
+@pytest.mark.parametrize("code", HONEST_SNIPPETS)
+def test_static_scan_does_not_block_honest_code(code):
+    blocking = [h for h in integrity.scan_code(code) if h.severity == integrity.BLOCK]
+    assert not blocking, blocking
+
+
+def test_no_false_alarm_on_the_bundled_example_class():
+    """Correct, unchanged, noisy and classic-mistake submissions raise no blocking finding."""
+    subs = REPO / "examples" / "submissions"
+    checked = 0
+    for folder in sorted(p for p in subs.glob("*/*") if p.is_dir()):
+        student, assignment = folder.parent.name, folder.name
+        specs = integrity.release_specs(REPO, assignment)
+        checker = integrity._Checker(REPO, assignment, specs, {}, quarantine=False)
+        for path in sorted(folder.glob("*.ipynb")):
+            nb = nbformat.read(str(path), as_version=4)
+            findings = checker.check_notebook(student, path.name, nb)
+            blocking = [f.text() for f in findings if f.blocking]
+            assert not blocking, blocking
+            checked += 1
+    assert checked >= 10
+
+
+def test_copied_answer_cell_only_warns_but_a_copied_locked_cell_blocks():
+    import copy as _copy
+
+    from rlhf_lab.instructor import submissions
+
+    nb = submissions.correct_submission("ppo_objective", REPO)[hostile.NB]
+    specs = integrity.release_specs(REPO, "ppo_objective")
+    checker = integrity._Checker(REPO, "ppo_objective", specs, {}, quarantine=False)
+    idx = {c.metadata.get("nbgrader", {}).get("grade_id"): i for i, c in enumerate(nb.cells)}
+
+    def copied(gid, where):
+        out = _copy.deepcopy(nb)
+        cell = _copy.deepcopy(out.cells[idx[gid]])
+        cell["id"] = "copy-of-" + gid
+        out.cells.insert(where, cell)
+        return {f.code: f for f in checker.check_notebook("s", hostile.NB_FILE, out)}
+
+    answer = copied("ppo_surrogate", idx["ppo_surrogate"] + 1)  # pasted right below the original
+    assert "duplicate-answer" in answer and not [f for f in answer.values() if f.blocking]
+    test = copied("test_ppo_surrogate", idx["test_surrogate_table"])
+    assert test["duplicate-cell"].blocking and ("01_clipped_objective.ipynb", "test_surrogate_table") in \
+        test["duplicate-cell"].withhold
+
+
+@pytest.fixture(scope="module")
+def preflight_course(tmp_path_factory):
+    """A course copy with the hostile class collected into submitted/ and the pre-flight run (no nbgrader)."""
+    root = pipeline.copy_course(tmp_path_factory.mktemp("preflight") / "course", REPO)
+    subs = hostile.copy_cases(root)
+    names = sorted({c.assignment for c in CASES})
+    pipeline.collect(subs, root, names)
+    return root, {a: integrity.preflight(a, root) for a in names}
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_preflight_reports_each_case(preflight_course, case):
+    root, reports = preflight_course
+    found = reports[case.assignment].for_student(case.student)
+    codes = {f.code for f in found}
+    assert set(case.findings) <= codes, (case.findings, [f.text() for f in found])
+    for f in found:  # every finding names the student and says what is wrong, in words
+        assert f.student == case.student and f.assignment == case.assignment and len(f.message) > 20
+        if f.code not in ("missing-notebook", "student-id-characters", "extra-file", "renamed-notebook",
+                          "unknown-notebook", "other-assignment", "invalid-notebook", "shadow-module"):
+            assert f.notebook and (f.cell is not None or f.grade_id or f.code == "kernel-name"), f
+    blocking = {f.code for f in found if f.blocking} - {"missing-notebook"}
+    if not case.zero or set(case.full) == set(hostile.ALL_TESTS):
+        assert not blocking, f"an honest case was blocked: {blocking}"
+
+
+def test_preflight_quarantines_what_must_not_run_and_remembers_why(preflight_course):
+    root, reports = preflight_course
+    q = root / integrity.QUARANTINE
+    assert (q / "h24_invalid_json" / "ppo_objective" / hostile.NB_FILE).exists()
+    assert (q / "h23_other_assignment" / "ppo_objective" / hostile.NB_FILE).exists()
+    assert (q / "h28_shadow_module" / "ppo_objective" / "numpy.py").exists()
+    assert not (root / "submitted" / "h28_shadow_module" / "ppo_objective" / "numpy.py").exists()
+    assert (root / "submitted" / "h28_shadow_module" / "ppo_objective" / hostile.NB_FILE).exists()
+    # a second pre-flight (the file is gone from submitted/) reports the same problem again
+    again = integrity.preflight("ppo_objective", root, ["h24_invalid_json"])
+    assert "invalid-notebook" in {f.code for f in again.findings}
+    saved = json.loads((root / integrity.REPORT_TEMPLATE.format(assignment="ppo_objective")).read_text(encoding="utf-8"))
+    assert saved["assignment"] == "ppo_objective" and saved["findings"]
+
+
+# =========================================================================== fast: feedback filter
+def _failing_test_cell():
+    """A real test cell from source/ with the error output a failing hidden check produces."""
+    nb = nbformat.read(str(REPO / "source" / "ppo_objective" / "01_clipped_objective.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_ppo_surrogate")
+    lines, hidden = feedback_filter.split_hidden(cell.source)
+    hidden_line_no = sorted(n for n in hidden if lines[n - 1].strip() and "HIDDEN" not in lines[n - 1])[3]
+    context = "\n".join(f"     {n} {lines[n - 1]}" for n in range(max(1, hidden_line_no - 3), hidden_line_no + 2))
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="checking ppo_surrogate\n"),
+        nbformat.v4.new_output("error", ename="GradingError",
+                               evalue="ppo_surrogate on fresh random inputs: expected [1.2], got [0.8]",
+                               traceback=["\x1b[31m---------------------------------------------\x1b[39m",
+                                          f"Cell In[7], line {hidden_line_no}\n{context}",
+                                          "File grading.py:300, in close(actual, expected, what)",
+                                          "\x1b[31mGradingError\x1b[39m: ppo_surrogate on fresh random inputs"]),
+    ]
+    return nb, cell, lines, hidden
+
+
+def test_feedback_filter_removes_hidden_code_and_keeps_the_failure_message():
+    nb, cell, lines, hidden = _failing_test_cell()
+    secret = [lines[n - 1].strip() for n in hidden if len(lines[n - 1].strip()) >= 12 and "HIDDEN" not in lines[n - 1]]
+    assert secret and any(s in "".join(cell.outputs[1]["traceback"]) for s in secret)  # the raw traceback leaks
+    out, res = feedback_filter.HideHiddenTests().preprocess(nb, {})
+    cell = next(c for c in out.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_ppo_surrogate")
+    text = cell.source + json.dumps(cell.outputs)
+    assert not [s for s in secret if s in text]
+    assert "BEGIN HIDDEN" not in text and "hidden tests:" in cell.source
+    tb = cell.outputs[1]["traceback"]
+    assert tb[0] == "Hidden test failed"
+    assert "ppo_surrogate on fresh random inputs: expected [1.2], got [0.8]" in tb[1]
+    assert cell.outputs[0]["text"] == "checking ppo_surrogate\n"
+    assert "np.testing.assert_allclose" in cell.source  # the visible checks stay
+    # a failure in the visible part says which line failed, without quoting hidden code
+    visible_line = next(n for n in range(1, len(lines) + 1) if n not in hidden and "assert_allclose" in lines[n - 1])
+    summary = feedback_filter.summarise_error(
+        {"output_type": "error", "ename": "AssertionError", "evalue": "Not equal",
+         "traceback": [f"Cell In[3], line {visible_line}\n" + "\n".join(lines)]}, lines, hidden)
+    assert summary["traceback"][0].startswith(f"Visible check failed at line {visible_line}: np.testing")
+    assert not [s for s in secret if s in json.dumps(summary)]
+
+
+def test_release_holds_no_hidden_test_line():
+    secrets = feedback_filter.hidden_lines(REPO / "source")
+    assert len(secrets) > 50
+    checked = 0
+    for path in sorted((REPO / "release").rglob("*.ipynb")):
+        text = path.read_text(encoding="utf-8")
+        body = json.dumps([c.get("source") for c in json.loads(text)["cells"]])
+        assert "BEGIN HIDDEN TESTS" not in text, path
+        leaked = [s for s in secrets if json.dumps(s)[1:-1] in body]
+        assert not leaked, (path, leaked[:3])
+        checked += 1
+    assert checked >= 6
+
+
+# ============================================================================ fast: kernel limits
+def test_nbgrader_config_wires_the_kernel_guard_and_the_feedback_filter():
+    from traitlets.config.loader import PyFileConfigLoader
+
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(REPO)).load_config()
+    first = cfg.Autograde.autograde_preprocessors[0]
+    assert first.__name__ == "Execute" and issubclass(first, kernel_guard._NbgraderExecute)
+    assert first.__module__ != "nbgrader.preprocessors.execute"  # the guarded drop-in, not nbgrader's own
+    names = [p.__name__ for p in cfg.GenerateFeedback.preprocessors]
+    assert names == ["GetGrades", "HideHiddenTests", "CSSHTMLHeaderPreprocessor"]
+    assert pipeline.check_config(REPO)["autograde_preprocessors"][0] == "Execute"
+
+
+def test_kernel_limits_hold_in_the_started_process():
+    probe = ("import resource, numpy as np\n"
+             "print(resource.getrlimit(resource.RLIMIT_AS), resource.getrlimit(resource.RLIMIT_FSIZE))\n"
+             "try:\n    np.ones(2**31)\nexcept MemoryError:\n    print('MemoryError')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         preexec_fn=kernel_guard.limits_preexec(2048, 64))
+    mib = 1024 * 1024
+    assert out.stdout.splitlines() == [f"({2048 * mib}, {2048 * mib}) ({64 * mib}, {64 * mib})", "MemoryError"], out
+    assert resource.getrlimit(resource.RLIMIT_AS)[0] != 2048 * mib  # this process is untouched
+
+
+# ============================================================================= slow: hostile class
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory):
+    """Every hostile case graded for real in a private course copy (see the module docstring)."""
+    base = session_base(tmp_path_factory)
+    root = fresh_course(tmp_path_factory.mktemp("trust") / "hostile_course", base)
+    saved = {k: os.environ.get(k) for k in ("RLHF_CELL_TIMEOUT", "RLHF_KERNEL_MEMORY_MB")}
+    os.environ["RLHF_CELL_TIMEOUT"] = CELL_TIMEOUT
+    os.environ["RLHF_KERNEL_MEMORY_MB"] = "4096"
+    grader = None
+    workers = int(os.environ.get("RLHF_TRUST_WORKERS", "0") or 0)
+    if workers > 1:
+        from rlhf_lab.instructor import parallel
+
+        grader = parallel.dask_grader(workers=workers)
+    try:
+        run = hostile.run_hostile_class(root, grader=grader, cases=CASES)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_hostile_case_is_graded_as_expected(hostile_run, case):
+    v = hostile.verdict(case, hostile_run)
+    assert v.ok, f"{case.student} ({case.title}):\n  " + "\n  ".join(v.problems) + f"\n  did: {v.action()}"
+
+
+@pytest.mark.slow
+def test_one_bad_submission_never_costs_another_student(hostile_run):
+    """Every student nbgrader can read was autograded to the end; kernel killers did not stop the run."""
+    order = [r.student for r in hostile_run.runs]
+    for case in CASES:
+        run = hostile_run.run_of(case.student, case.assignment)
+        if case.ungraded:
+            assert run is None or not run.ok  # nothing gradable: recorded, not crashed
+            continue
+        assert run is not None and run.ok, (case.student, run and run.reason)
+    for killer in ("h13_os_exit", "h18_infinite_loop", "h19_loop_ignoring_interrupt", "h20_huge_memory"):
+        nxt = order[order.index(killer) + 1]
+        after = next(c for c in CASES if c.student == nxt)
+        assert hostile.verdict(after, hostile_run).ok, f"{nxt}, graded right after {killer}"
+    assert hostile_run.grades.totals[("h00_control_correct", "ppo_objective")][0] >= 15
+
+
+@pytest.mark.slow
+def test_every_withheld_grade_has_a_recorded_reason(hostile_run):
+    from nbgrader.api import Gradebook
+
+    report = json.loads((hostile_run.root / integrity.REPORT_TEMPLATE.format(assignment="ppo_objective"))
+                        .read_text(encoding="utf-8"))
+    by_student = {}
+    for f in report["findings"]:
+        by_student.setdefault(f["student"], []).append(f)
+    overridden = {(o.student, o.notebook, o.grade_id) for o in hostile_run.overrides}
+    with Gradebook(hostile_run.db_url, pipeline.COURSE_ID) as gb:
+        for case in CASES:
+            if case.assignment != "ppo_objective" or not case.zero or case.student == "h14_hard_coded":
+                continue
+            if set(case.zero) <= set(case.auto_zero):
+                continue  # the hidden tests alone gave 0; no override needed
+            assert case.student in by_student, case.student
+            snb = gb.find_submission_notebook(hostile.NB, "ppo_objective", case.student)
+            assert snb.flagged, case.student
+            comments = " ".join(c.comment or "" for c in snb.comments)
+            assert integrity.COMMENT_TAG in comments and case.student in comments, (case.student, comments)
+            for key in case.zero:
+                nb, gid = key.split("/")
+                if (case.student, nb, gid) not in overridden:
+                    assert gb.find_grade(gid, nb, "ppo_objective", case.student).auto_score == 0, key
+    csv_rows = list(csv.DictReader(open(hostile_run.csv_path, newline="", encoding="utf-8")))
+    students = {r["student_id"] for r in csv_rows if r["assignment"] == "ppo_objective"}
+    assert {c.student for c in CASES if c.assignment == "ppo_objective"} <= students  # nobody silently dropped
+
+
+@pytest.mark.slow
+def test_feedback_names_the_failed_checks_without_the_hidden_tests(hostile_run):
+    leaks = feedback_filter.check_feedback(hostile_run.root / "feedback", hostile_run.root / "source")
+    assert not leaks, leaks
+    fb = hostile_run.root / "feedback"
+    html = feedback_filter.html_text(fb / "h14_hard_coded" / "ppo_objective" / f"{hostile.NB}.html")
+    assert "Hidden test failed" in html and "fresh inputs" in html  # which check failed, and why
+    html = feedback_filter.html_text(fb / "h04_patch_np_testing" / "ppo_objective" / f"{hostile.NB}.html")
+    assert "tampering detected" in html and "numpy.testing.assert_allclose" in html
+    assert integrity.COMMENT_TAG in html  # the integrity reason reaches the student
+    n = len(list(fb.rglob("*.html")))
+    assert n >= len([c for c in CASES if not c.ungraded])
+
+
+@pytest.mark.slow
+def test_plain_nbgrader_feedback_would_leak_the_hidden_tests(hostile_run, tmp_path):
+    """The leak check can fail: without the filter, nbgrader's own feedback contains hidden lines."""
+    root = hostile_run.root
+    student = "h14_hard_coded"
+    out = pipeline.run_nbgrader(["generate_feedback", "ppo_objective", "--student", student, "--force",
+                                 "--GenerateFeedback.preprocessors=['nbgrader.preprocessors.GetGrades']",
+                                 f"--CourseDirectory.feedback_directory=plain_feedback"], root)
+    assert out.ok, out.output[-2000:]
+    html = root / "plain_feedback" / student / "ppo_objective" / f"{hostile.NB}.html"
+    secrets = feedback_filter.hidden_lines(root / "source")
+    assert feedback_filter.leaked_lines(html, secrets)
+
+
+@pytest.mark.slow
+def test_gradebook_backup_and_export_trace_every_grade_to_a_test_cell(hostile_run, tmp_path):
+    root = hostile_run.root
+    folder = backup.backup(root, hostile_run.db_url, tmp_path / "bk")
+    assert backup.verify_backup(folder, root) == []
+    rows = list(csv.DictReader(open(folder / "grades_by_cell.csv", newline="", encoding="utf-8")))
+    graded = {(c.student, c.assignment, c.grade_id) for c in hostile_run.grades.cells}
+    assert {(r["student"], r["assignment"], r["grade_id"]) for r in rows} == graded
+    for r in rows:
+        if r["kind"] == "test" and r["autograded_index"] != "":
+            nb = nbformat.read(str(root / r["autograded_file"]), as_version=4)
+            assert nb.cells[int(r["autograded_index"])].metadata["nbgrader"]["grade_id"] == r["grade_id"]
+    # the withheld points are visible as such: auto score kept, manual override 0
+    row = next(r for r in rows if r["student"] == "h28_shadow_module" and r["grade_id"] == "test_ppo_surrogate")
+    assert float(row["auto_score"]) == 6.0 and float(row["manual_score"]) == 0.0 and row["flagged"] == "True"
+    # tampering with the copy is detected; restoring the snapshot gives back the same gradebook
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    with open(broken / "grades.csv", "a", encoding="utf-8") as fh:
+        fh.write("ppo_objective,,,intruder,,,,99,0,99,18\n")
+    assert backup.verify_backup(broken, root)
+    live = backup.sqlite_file(hostile_run.db_url)
+    scratch = tmp_path / "restored.db"
+    shutil.copy2(live, scratch)
+    url = "sqlite:///" + str(scratch)
+    from nbgrader.api import Gradebook
+
+    with Gradebook(url, pipeline.COURSE_ID) as gb:
+        gb.find_grade("test_ppo_surrogate", hostile.NB, "ppo_objective", "h00_control_correct").manual_score = 1.0
+        gb.db.commit()
+    backup.restore(folder, root, url)
+    assert backup.cell_rows(url, pipeline.COURSE_ID, root) == backup.cell_rows(hostile_run.db_url, pipeline.COURSE_ID, root)
+
+
+@pytest.mark.slow
+def test_regrading_the_hardest_hostile_cases_gives_identical_grades(hostile_run):
+    """Timeouts, kernel deaths, the memory limit, tampering: a second autograde gives the same grades."""
+    again = ["h00_control_correct", "h04_patch_np_testing", "h13_os_exit", "h20_huge_memory"]
+    before = {k: v for k, v in _cell_scores(hostile_run.root, hostile_run.db_url).items() if k[0] in again}
+    saved = os.environ.get("RLHF_CELL_TIMEOUT")
+    os.environ["RLHF_CELL_TIMEOUT"] = CELL_TIMEOUT
+    try:
+        runs = pipeline.autograde("ppo_objective", again, hostile_run.root, hostile_run.db_url, force=True)
+    finally:
+        os.environ.pop("RLHF_CELL_TIMEOUT") if saved is None else os.environ.__setitem__("RLHF_CELL_TIMEOUT", saved)
+    assert all(r.ok for r in runs), [(r.student, r.reason) for r in runs]
+    report = integrity.preflight("ppo_objective", hostile_run.root, again)
+    integrity.apply_overrides(report, hostile_run.root, hostile_run.db_url)
+    after = {k: v for k, v in _cell_scores(hostile_run.root, hostile_run.db_url).items() if k[0] in again}
+    assert after == before and len(before) >= 4 * 5
+
+
+@pytest.mark.postgres
+def test_backup_of_a_postgresql_gradebook_uses_pg_dump_and_restores(tmp_path):
+    """The same command on a PostgreSQL gradebook: pg_dump snapshot, CSVs that trace, pg_restore."""
+    from nbgrader.api import Gradebook
+    from nbgrader.utils import compute_checksum
+    from pg_support import create_database, postgres_server
+
+    root = pipeline.copy_course(tmp_path / "course", REPO, include=("nbgrader_config.py", "source", "release"))
+    src = nbformat.read(str(root / "source" / "ppo_objective" / f"{hostile.NB}.ipynb"), as_version=4)
+    tests = [(i, c) for i, c in enumerate(src.cells)
+             if c.metadata.get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")]
+    with postgres_server() as server:
+        url = backup.sqlalchemy_url(create_database(server, "grades"))
+        with Gradebook(url, pipeline.COURSE_ID) as gb:  # what generate_assignment + autograde record
+            gb.update_or_create_assignment("ppo_objective")
+            gb.add_notebook(hostile.NB, "ppo_objective")
+            for _, cell in tests:
+                md = cell.metadata["nbgrader"]
+                gb.add_grade_cell(md["grade_id"], hostile.NB, "ppo_objective", max_score=md["points"], cell_type="code")
+                gb.add_source_cell(md["grade_id"], hostile.NB, "ppo_objective", cell_type="code",
+                                   locked=True, source=cell.source, checksum=compute_checksum(cell))
+            gb.add_student("ana")
+            gb.add_submission("ppo_objective", "ana")
+            for n, (_, cell) in enumerate(tests):
+                g = gb.find_grade(cell.metadata["nbgrader"]["grade_id"], hostile.NB, "ppo_objective", "ana")
+                g.auto_score = float(cell.metadata["nbgrader"]["points"]) if n % 2 == 0 else 0.0
+            gb.db.commit()
+        folder = backup.backup(root, url, tmp_path / "bk")
+        assert (folder / "gradebook.pgdump").stat().st_size > 1000
+        assert backup.verify_backup(folder, root) == []
+        rows = list(csv.DictReader(open(folder / "grades_by_cell.csv", newline="", encoding="utf-8")))
+        assert [int(r["source_index"]) for r in rows] == [i for i, _ in tests]
+        manifest = json.loads((folder / "MANIFEST.json").read_text())
+        assert manifest["snapshot"] == "gradebook.pgdump" and manifest["gradebook"].startswith("postgresql")
+        assert backup.redact("postgresql://grader:s3cret@host/db") == "postgresql://grader:***@host/db"
+        wanted = backup.cell_rows(url, pipeline.COURSE_ID, root)
+        with Gradebook(url, pipeline.COURSE_ID) as gb:
+            gb.find_grade(tests[0][1].metadata["nbgrader"]["grade_id"], hostile.NB, "ppo_objective",
+                          "ana").manual_score = 0.0
+            gb.db.commit()
+        assert backup.cell_rows(url, pipeline.COURSE_ID, root) != wanted
+        backup.restore(folder, root, url)
+        assert backup.cell_rows(url, pipeline.COURSE_ID, root) == wanted
+
+
+def test_backup_command_is_one_documented_command():
+    doc = backup.__doc__
+    assert "python -m rlhf_lab.instructor.backup" in doc
+    out = subprocess.run([sys.executable, "-m", "rlhf_lab.instructor.backup", "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "--verify" in out.stdout and "--restore" in out.stdout
+
+
+# ==================================================== slow: the bundled class twice, killed partway
+DRIVER = textwrap.dedent("""
+    import sys
+    from rlhf_lab.instructor import pipeline
+    root, force, names = sys.argv[1], sys.argv[2] == "force", sys.argv[3].split(",")
+    def progress(run):
+        print("DONE", run.student, run.assignment, run.ok, flush=True)
+    pipeline.run_class(root + "/examples/submissions", root=root, names=names, fresh=False, regenerate=False,
+                       force=force, progress=progress)
+    print("FINISHED", flush=True)
+""")
+#: What the second class run regrades. The whole bundled class (both assignments) with
+#: RLHF_TRUST_FULL_CLASS=1; by default ppo_objective, every student who submitted it (the ppo_rlhf
+#: grades of the first run must then survive untouched as well), to keep the suite's runtime sane
+#: on a 2-core machine.
+REGRADE = (["ppo_objective", "ppo_rlhf"] if os.environ.get("RLHF_TRUST_FULL_CLASS") == "1"
+           else ["ppo_objective"])
+
+
+def _cell_scores(root: Path, db_url: str) -> dict:
+    g = pipeline.read_grades(root, db_url)
+    return {(c.student, c.assignment, c.notebook, c.grade_id): c.score for c in g.cells}
+
+
+def _kill_tree(proc: subprocess.Popen) -> int:
+    """SIGKILL the process and everything it started (a crash of the whole run); returns how many."""
+    import psutil
+
+    try:
+        parent = psutil.Process(proc.pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return 0
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+    proc.wait(timeout=30)
+    return len(procs)
+
+
+@pytest.mark.slow
+def test_class_graded_again_killed_partway_and_resumed_gives_identical_grades(bundled_class_run, tmp_path,
+                                                                             tmp_path_factory):
+    """The bundled class graded a second time from scratch: the run is killed (every process of it)
+    after two students, nothing written is lost, a re-run grades only what is missing, and the
+    final grades equal the first run's cell by cell."""
+    first = {(c.student, c.assignment, c.notebook, c.grade_id): c.score
+             for c in bundled_class_run.grades.cells if c.assignment in REGRADE}
+    pairs = sorted({(k[0], k[1]) for k in first})
+    assert len(pairs) >= 6
+    root = fresh_course(tmp_path / "second_run", session_base(tmp_path_factory))  # empty gradebook
+    db_url = "sqlite:///" + str(root / "gradebook.db")
+    env = pipeline.nbgrader_env(root, db_url)
+    log = open(tmp_path / "killed_run.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(root), "resume", ",".join(REGRADE)], cwd=root,
+                            env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    done = []
+    try:
+        deadline = time.monotonic() + 3600
+        while len(done) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("DONE"):
+                done.append(tuple(line.split()[1:3]))
+        assert len(done) >= 2, "the class run did not get going"
+        time.sleep(6)  # let the next student's nbgrader get into the middle of its notebooks
+        assert proc.poll() is None, "the class run finished before it could be killed"
+    finally:
+        killed = _kill_tree(proc)
+        log.close()
+    assert killed >= 2  # the driver and at least the nbgrader it had started
+    at_kill = _cell_scores(root, db_url)
+    for key, score in first.items():  # every grade written before the kill is there, and right
+        if (key[0], key[1]) in done:
+            assert at_kill.get(key) == score, (key, score, at_kill.get(key))
+
+    resumed = subprocess.run([sys.executable, "-c", DRIVER, str(root), "resume", ",".join(REGRADE)], cwd=root,
+                             env=env, capture_output=True, text=True, timeout=7200)
+    assert "FINISHED" in resumed.stdout, resumed.stderr[-3000:]
+    regraded = {tuple(line.split()[1:3]) for line in resumed.stdout.splitlines() if line.startswith("DONE")}
+    assert not (regraded & set(done)), "the re-run must not grade again what was finished"
+    assert set(done) | regraded == set(pairs), (sorted(done), sorted(regraded), pairs)
+    after = {k: v for k, v in _cell_scores(root, db_url).items() if k[1] in REGRADE}
+    assert after == first, {k: (first.get(k), after.get(k)) for k in set(first) | set(after)
+                            if first.get(k) != after.get(k)}
+    for student, assignment in pairs:  # every submitted notebook was autograded and got feedback
+        submitted = sorted(p.name for p in (root / "submitted" / student / assignment).glob("*.ipynb"))
+        graded = sorted(p.name for p in (root / "autograded" / student / assignment).glob("*.ipynb"))
+        assert graded == submitted, (student, assignment, submitted, graded)
+        html = sorted(p.stem + ".ipynb" for p in (root / "feedback" / student / assignment).glob("*.html"))
+        assert html == submitted, (student, assignment, html)
