@@ -97,8 +97,9 @@ def main(argv=None) -> int:
         if not args.skip_demo:
             work = tmp / "demo"
             t = time.perf_counter()
+            env = {k: v for k, v in os.environ.items() if k not in ("RLHF_COURSE_ROOT", "RLHF_COURSE_DB")}
             proc = subprocess.run([sys.executable, "-m", "rlhf_lab.demo", "--workdir", str(work)],
-                                  capture_output=True, text=True, env=pipeline.nbgrader_env(ROOT))
+                                  capture_output=True, text=True, env=env)
             demo_s = time.perf_counter() - t
             if proc.returncode != 0:
                 print(proc.stdout[-3000:], proc.stderr[-3000:])
@@ -117,10 +118,12 @@ def main(argv=None) -> int:
 
         if args.skip_demo:
             root = pipeline.copy_course(tmp / "one", ROOT)
-            pipeline.generate(root)
+            db = "sqlite:///" + str(root / "gradebook.db")
+            pipeline.generate(root, db_url=db)
             pipeline.collect(root / "examples" / "submissions", root, students=[submissions.CORRECT])
         else:  # the demo's course is generated and collected already: regrade its correct student
             root = work
+            db = "sqlite:///" + str(root / "gradebook.db")
         lines += ["## One student's autograde (the correct example), per assignment", "",
                   f"Target: under {TARGET_STUDENT_SECONDS:.0f} s per student and assignment.", "",
                   "| assignment | notebooks | median wall clock | sum of cell times | verdict |",
@@ -130,7 +133,7 @@ def main(argv=None) -> int:
         for a in pipeline.graded_assignments(root):
             times = []
             for _ in range(args.repeats):
-                run = pipeline.autograde_student(a, submissions.CORRECT, root)
+                run = pipeline.autograde_student(a, submissions.CORRECT, root, db_url=db)
                 if not run.ok:
                     raise SystemExit(f"autograde of {a} failed: {run.reason}\n{run.log_tail}")
                 times.append(run.seconds)

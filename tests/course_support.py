@@ -17,6 +17,8 @@ API
     knows every notebook and graded cell. Built once per session under ``base``.
 ``fresh_course(dest, base) -> Path``
     A new copy of that template at ``dest`` (gradebook included): a private course to grade into.
+``own_db(root) -> str``
+    ``sqlite:///<root>/gradebook.db``: pass it as ``db_url`` to pipeline functions on a copy.
 ``bundled_class(base) -> ClassRun``
     The bundled example class (``examples/submissions``: correct, unchanged release, one student
     per mistake recipe, noisy-but-correct) through collect -> autograde (one nbgrader process per
@@ -65,10 +67,16 @@ def course_template(base: Path) -> Path:
     """The generated course template (see module docstring); built once per session."""
     if "template" not in _CACHE:
         root = pipeline.copy_course(Path(base) / "course_template", REPO)
-        pipeline.check_config(root)
-        pipeline.generate(root, pipeline.assignments(root))
+        pipeline.check_config(root, own_db(root))
+        pipeline.generate(root, pipeline.assignments(root), db_url=own_db(root))
         _CACHE["template"] = root
     return _CACHE["template"]
+
+
+def own_db(root: Path) -> str:
+    """The SQLite gradebook inside ``root``, passed explicitly so an inherited ``$RLHF_COURSE_DB``
+    (for example a test's monkeypatched value) can never redirect the shared runs."""
+    return "sqlite:///" + str(Path(root) / "gradebook.db")
 
 
 def fresh_course(dest: Path, base: Path) -> Path:
@@ -85,7 +93,7 @@ def bundled_class(base: Path) -> ClassRun:
     if "bundled" not in _CACHE:
         root = fresh_course(Path(base) / "bundled_class", base)
         _CACHE["bundled"] = pipeline.run_class(root / "examples" / "submissions", root=root,
-                                               fresh=False, regenerate=False)
+                                               db_url=own_db(root), fresh=False, regenerate=False)
     return _CACHE["bundled"]
 
 
@@ -115,7 +123,8 @@ def run_custom_class(dest: Path, subs: dict, base: Path, names=None, grader=None
     folder = write_submissions(root / "custom_submissions", subs)
     if names is None:
         names = sorted({a for by_a in subs.values() for a in by_a})
-    return pipeline.run_class(folder, root=root, names=names, fresh=False, regenerate=False, grader=grader)
+    return pipeline.run_class(folder, root=root, db_url=own_db(root), names=names, fresh=False,
+                              regenerate=False, grader=grader)
 
 
 def correct_submission(assignment: str) -> dict:

@@ -16,7 +16,7 @@ import pytest
 from nbgrader.utils import determine_grade
 
 from course_support import (  # noqa: F401  (fixtures are used by name)
-    REPO, bundled_class_run, course_template_dir, fresh_course, mistakes, session_base,
+    REPO, bundled_class_run, course_template_dir, fresh_course, mistakes, own_db, session_base,
 )
 from rlhf_lab.instructor import pipeline, release, submissions
 from rlhf_lab.instructor.preprocessors import relabel_stderr
@@ -154,7 +154,7 @@ def test_a_broken_notebook_is_recorded_with_a_reason(tmp_path, tmp_path_factory)
     first = pipeline.notebooks(a, REPO, where="release")[0]
     (root / "submitted" / "zz_broken" / a).mkdir(parents=True)
     (root / "submitted" / "zz_broken" / a / f"{first}.ipynb").write_text("{ this is not json")
-    run = pipeline.autograde_student(a, "zz_broken", root)
+    run = pipeline.autograde_student(a, "zz_broken", root, db_url=own_db(root))
     assert not run.ok
     assert "JSON" in run.reason, run.reason
 
@@ -223,6 +223,24 @@ def test_each_mistake_loses_exactly_its_targeted_tests_and_keeps_the_rest(klass)
             want = 0 if gid in m.fails else c.max_score
             if c.score != want:
                 problems.append(f"{sid} ({m.name}): {gid} scored {c.score}, expected {want}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_each_mistake_is_told_what_is_wrong(klass):
+    """Each test a mistake fails shows the student the recipe's diagnostic message (where it names one)."""
+    problems, checked = [], 0
+    for sid, m in mistakes().items():
+        path = klass.root / "autograded" / sid / m.assignment / f"{m.notebook}.ipynb"
+        nb = nbformat.read(path, as_version=4)
+        for gid, message in m.messages.items():
+            cell = next(c for c in nb.cells if submissions.grade_id(c) == gid)
+            errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+            text = "\n".join(f"{o.get('ename')}: {o.get('evalue')}" for o in errors)
+            checked += 1
+            if message not in text:
+                problems.append(f"{sid}: {gid} says {text[:300]!r}, expected {message!r}")
+    assert checked >= len(mistakes()) // 2
     assert not problems, "\n".join(problems)
 
 

@@ -31,9 +31,13 @@ def main(argv=None) -> int:
 
     pipeline.ensure_venv_on_path()
     root = pipeline.course_root()
+    db_url = args.db
     if args.workdir is not None:
         root = pipeline.copy_course(args.workdir, root)
         print(f"course copied to {root}")
+        # a copy grades into its own gradebook unless --db says otherwise (never into an inherited
+        # $RLHF_COURSE_DB, which may point at the repository's gradebook)
+        db_url = db_url or "sqlite:///" + str(root / "gradebook.db")
     subs = (args.submissions or root / "examples" / "submissions").resolve()
     if not subs.is_dir():
         print(f"no submissions folder at {subs}: run tools/make_examples.py first", file=sys.stderr)
@@ -46,9 +50,9 @@ def main(argv=None) -> int:
             print(f"      note: {note}", flush=True)
 
     start = time.perf_counter()
-    print(f"course root {root}\nsubmissions {subs}")
+    print(f"course root {root}\ngradebook   {db_url or pipeline.default_db_url(root)}\nsubmissions {subs}")
     print("generate -> collect -> autograde (one nbgrader process per student) -> feedback -> export")
-    result = pipeline.run_class(subs, root=root, db_url=args.db, names=args.assignments,
+    result = pipeline.run_class(subs, root=root, db_url=db_url, names=args.assignments,
                                 students=args.students, progress=progress)
     total = time.perf_counter() - start
     for (sid, a), why in sorted(result.collected.problems.items()):

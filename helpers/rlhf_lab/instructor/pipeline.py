@@ -78,7 +78,11 @@ def ensure_venv_on_path() -> None:
 
 
 def default_db_url(root: str | os.PathLike | None = None) -> str:
-    """``$RLHF_COURSE_DB`` if set, else SQLite ``<root>/gradebook.db`` (what ``nbgrader_config.py`` uses)."""
+    """``$RLHF_COURSE_DB`` if set, else SQLite ``<root>/gradebook.db`` (what ``nbgrader_config.py`` uses).
+
+    The environment variable wins even for an explicit ``root``, exactly as in the config; code
+    working on a copy of the course should pass ``db_url`` explicitly.
+    """
     return os.environ.get("RLHF_COURSE_DB") or "sqlite:///" + str(course_root(root) / "gradebook.db")
 
 

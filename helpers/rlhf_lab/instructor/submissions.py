@@ -13,8 +13,12 @@ dict ``name -> recipe``; a recipe is a dict (or object with attributes) with key
 * ``notebook``: notebook name (with or without ``.ipynb``) inside the assignment,
 * ``grade_id`` (or ``cell``): the solution cell to replace,
 * ``code`` (or ``replacement``/``source``): the new source of that cell,
-* ``fails`` (or ``must_fail``/``failing``): grade ids of the test cells it must fail,
-* optional ``assignment`` (defaults to the file's stem) and ``description``.
+* ``fails`` (or ``must_fail``/``failing``): grade ids of the test cells it must fail, or a dict
+  ``grade_id -> substring of the failure message the student must see there`` (or ``None``),
+* optional ``assignment`` (defaults to the file's stem), ``description``, ``message`` (the
+  failure message of the first test in a list-style ``fails``) and ``classic``: a recipe with
+  ``classic: False`` is an extra probe of the hidden tests, exercised by the notebook's own tests,
+  and is not bundled (like a file's ``EXTRA_MISTAKES``, which is not read at all).
 """
 from __future__ import annotations
 
@@ -148,7 +152,7 @@ def noisy_notebook(correct_nb):
 
 
 @dataclasses.dataclass(frozen=True)
-class Mistake:
+class Mistake:  # (frozen; ``messages`` is a plain dict, not used for hashing)
     """One classic mistake: replace solution cell ``grade_id`` of ``notebook`` with ``code``."""
 
     name: str
@@ -158,6 +162,7 @@ class Mistake:
     code: str
     fails: tuple
     description: str = ""
+    messages: dict = dataclasses.field(default_factory=dict)  # {test grade_id: substring of its failure message}
 
 
 def _get(recipe, *keys, default=None):
@@ -180,10 +185,17 @@ def load_mistakes(path: str | Path) -> list[Mistake]:
         raise ValueError(f"{path} must define a dict MISTAKES (name -> recipe)")
     out = []
     for name, r in recipes.items():
+        if _get(r, "classic", default=True) is False:
+            continue  # an extra probe of the hidden tests, exercised by the notebook's own tests
         nb = str(_get(r, "notebook"))
         fails = _get(r, "fails", "must_fail", "failing", "fail", default=())
         if isinstance(fails, str):
             fails = (fails,)
+        if isinstance(fails, Mapping):  # {test grade_id: message substring or None}
+            messages = {k: str(v) for k, v in fails.items() if v}
+        else:
+            message = _get(r, "message", default="")
+            messages = {tuple(fails)[0]: str(message)} if message and fails else {}
         m = Mistake(
             name=str(name),
             assignment=str(_get(r, "assignment", default=path.stem)),
@@ -192,6 +204,7 @@ def load_mistakes(path: str | Path) -> list[Mistake]:
             code=str(_get(r, "code", "replacement", "source")),
             fails=tuple(fails),
             description=str(_get(r, "description", "doc", default="") or ""),
+            messages=messages,
         )
         if not m.fails:
             raise ValueError(f"{path}: recipe {name!r} names no test cell it must fail")
