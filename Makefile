@@ -5,7 +5,10 @@ PY := $(VENV)/bin/python
 # nbgrader calls the bare `alembic` and `jupyter` commands: the venv's bin must come first on PATH.
 RUN := PATH="$(VENV)/bin:$$PATH" JAX_PLATFORMS=cpu
 
-.PHONY: venv demo test test-fast test-browser bench release examples sources generated check-generated environment.yml lesson
+backup: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.backup
+
+.PHONY: backup venv demo test test-fast test-browser bench release examples sources generated check-generated environment.yml lesson
 
 venv:
 	@tools/bootstrap.sh
