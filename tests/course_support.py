@@ -69,6 +69,10 @@ def course_template(base: Path) -> Path:
         root = pipeline.copy_course(Path(base) / "course_template", REPO)
         pipeline.check_config(root, own_db(root))
         pipeline.generate(root, pipeline.assignments(root), db_url=own_db(root))
+        from rlhf_lab.instructor import compile_cache
+
+        for assignment in pipeline.graded_assignments(root):  # reused from the repository when unchanged
+            compile_cache.ensure_seed(root, assignment)
         _CACHE["template"] = root
     return _CACHE["template"]
 

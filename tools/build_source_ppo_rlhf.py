@@ -895,15 +895,18 @@ def nb03_cells():
 
 
                 def ppo_step(*args, **kwargs):
-                    _calls.append(inspect.signature(ppo_loss).bind(*args, **kwargs).arguments)
+                    arguments = inspect.signature(ppo_loss).bind(*args, **kwargs).arguments
+                    try:  # concrete arrays only (inside a jax.jit of your own they are tracers: nothing recorded)
+                        _calls.append({k: np.asarray(v) for k, v in arguments.items()})
+                    except Exception:
+                        pass
                     return _ppo_step(*args, **kwargs)
 
 
                 try:
-                    with jax.disable_jit():  # run every step eagerly so the recorded arrays are concrete
-                        rollout_update(jnp.asarray(init_logits), jax.random.key(1), rewards,
-                                       jax.nn.log_softmax(jnp.asarray(init_logits)), batch_size=32, epochs=3, beta=0.2,
-                                       epsilon=0.2, learning_rate=1.0)
+                    rollout_update(jnp.asarray(init_logits), jax.random.key(1), rewards,
+                                   jax.nn.log_softmax(jnp.asarray(init_logits)), batch_size=32, epochs=3, beta=0.2,
+                                   epsilon=0.2, learning_rate=1.0)
                 finally:
                     ppo_step = _ppo_step
                 if _calls:
@@ -931,14 +934,17 @@ def nb03_cells():
 
 
                 def ppo_step(*args, **kwargs):
-                    _calls.append(inspect.signature(ppo_loss).bind(*args, **kwargs).arguments)
+                    arguments = inspect.signature(ppo_loss).bind(*args, **kwargs).arguments
+                    try:  # concrete arrays only (inside a jax.jit of your own they are tracers: nothing recorded)
+                        _calls.append({k: np.asarray(v) for k, v in arguments.items()})
+                    except Exception:
+                        pass
                     return _ppo_step(*args, **kwargs)
 
 
                 try:
-                    with jax.disable_jit():  # run every step eagerly so the recorded arrays are concrete
-                        rollout_update(jnp.asarray(init_logits), jax.random.key(2), rewards, _far_ref, batch_size=32,
-                                       epochs=2, beta=0.2, epsilon=0.2, learning_rate=0.5)
+                    rollout_update(jnp.asarray(init_logits), jax.random.key(2), rewards, _far_ref, batch_size=32,
+                                   epochs=2, beta=0.2, epsilon=0.2, learning_rate=0.5)
                 finally:
                     ppo_step = _ppo_step
                 if _calls:

@@ -10,9 +10,13 @@ test:
   attribute of the modules the tests rely on and loads a *private copy* of the library's reference
   implementations that student code cannot reach through ``rlhf_lab``.
 * :func:`untampered` compares the current state with that snapshot and names what was replaced.
-* :func:`call` runs a student's function with JIT disabled under a profile hook; if any code of the
-  library's reference implementations (or of the private copy) runs during the call, the task was
-  delegated rather than implemented.
+* :func:`call` first reads the student's function statically (its bytecode, globals, closures,
+  defaults and wrappers, following every function of the notebook it reaches): if a forbidden
+  library function is reachable from it, the task was delegated rather than implemented. It then
+  runs the function under a profile hook; if any code of the library's reference implementations
+  (or of the private copy) runs during the call, the task was delegated too. The static reading
+  sees through ``jax.jit`` (whose cached traces skip the Python a hook could see); the hook sees
+  through names built at run time (``getattr(module, "ppo_" + "loss")``).
 * :func:`close`, :func:`equal` and :func:`check` make decisions with trusted NumPy and plain
   arithmetic on float64 copies, never with anything the student could have patched.
 
@@ -23,6 +27,8 @@ explains how to run autograding of untrusted code in isolation.
 from __future__ import annotations
 
 import builtins
+import dis
+import functools
 import importlib.util
 import math
 import operator
@@ -71,7 +77,9 @@ _sorted = builtins.sorted
 _setprofile = sys.setprofile
 _getprofile = sys.getprofile
 _settrace = sys.settrace
-_disable_jit = jax.disable_jit
+_get_instructions = dis.get_instructions
+_partial = functools.partial
+_sysconfig_paths = None  # filled lazily: folders of the standard library and installed packages
 _urandom = os.urandom
 _default_rng = np.random.default_rng
 
@@ -361,10 +369,17 @@ def _hook_for(forbidden: dict[types.CodeType, str], hits: list[str], tampered: l
 def call(fn, *args, task: str, forbid=(), **kwargs):
     """Call a student's function for ``task`` and return its result converted to a float64 array.
 
-    The call runs with ``jax.disable_jit()`` (so a cached ``jax.jit`` wrapper re-executes its Python)
-    under a profile hook. If code of a forbidden library function (``rlhf_lab.<module>.<name>`` for
-    ``name`` in ``forbid``), or of the private reference copy, runs during the call or while converting
-    its result, the task counts as delegated and :class:`GradingError` is raised.
+    Two checks decide whether the task was delegated to a forbidden library function
+    (``rlhf_lab.<module>.<name>`` for ``name`` in ``forbid``, or any function of the private
+    reference copy), and each raises :class:`GradingError` naming it:
+
+    * statically, before the call: :func:`_reachable_forbidden` reads the function and everything
+      of the notebook it reaches (see there); this is what catches a ``jax.jit`` wrapper whose
+      trace was cached by an earlier call, since a cache hit runs no Python at all;
+    * dynamically, during the call and the conversion of its result: a profile hook records every
+      Python function that starts; forbidden code starting means delegation.
+
+    JIT stays on, so a student's compiled training loop costs what it costs in the notebook.
 
     Args:
       fn: the student's function.
@@ -390,9 +405,9 @@ def call_raw(fn, *args, task: str, forbid=(), convert=True, **kwargs):
         short = qual.split(".")[2] if qual.count(".") >= 2 else qual
         if "*" in forbid or short in forbid:
             forbidden[code] = qual
-    inner = _getattr(fn, "__wrapped__", fn)
-    if _getattr(inner, "__code__", None) in forbidden:
-        raise GradingError(_delegated(task, forbidden[inner.__code__]))
+    reached = _reachable_forbidden(fn, forbidden, _passed_names(fn, args, kwargs))
+    if reached is not None:
+        raise GradingError(_delegated(task, reached, "is used by"))
     hits: list[str] = []
     tampered: list[str] = []
     armed = [True]
@@ -400,15 +415,14 @@ def call_raw(fn, *args, task: str, forbid=(), convert=True, **kwargs):
     previous = _getprofile()
     _setprofile(hook)
     try:
-        with _disable_jit():
-            try:
-                out = fn(*args, **kwargs)
-            except GradingError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - report the student's error clearly
-                raise GradingError(f"{task}: your function raised {type(exc).__name__}: {exc}") from None
-            if convert:
-                out = _to_float_array(out, f"{task} result")
+        try:
+            out = fn(*args, **kwargs)
+        except GradingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - report the student's error clearly
+            raise GradingError(f"{task}: your function raised {type(exc).__name__}: {exc}") from None
+        if convert:
+            out = _to_float_array(out, f"{task} result")
         still_ours = _getprofile() is hook
     finally:
         armed[0] = False
@@ -423,13 +437,187 @@ def call_raw(fn, *args, task: str, forbid=(), convert=True, **kwargs):
     return out
 
 
-def _delegated(task: str, qual: str) -> str:
+def _delegated(task: str, qual: str, how: str = "ran inside") -> str:
     name = qual.replace("_rlhf_trusted_", "rlhf_lab.")
     return (
         f"{task}: this task must be implemented, not delegated to the course library "
-        f"({name} ran inside your function). Write the computation yourself; the library is given code "
+        f"({name} {how} your function). Write the computation yourself; the library is given code "
         f"only in later notebooks."
     )
+
+
+def _passed_names(fn, args: tuple, kwargs: dict) -> frozenset:
+    """Names of ``fn``'s parameters that a call with ``args``/``kwargs`` supplies."""
+    inner = fn
+    for _ in range(8):
+        nxt = _getattr(inner, "__wrapped__", None) if not _isinstance(inner, types.FunctionType) else None
+        if nxt is None:
+            break
+        inner = nxt
+    code = _getattr(inner, "__code__", None)
+    if code is None:
+        return frozenset(kwargs)
+    positional = code.co_varnames[:code.co_argcount]
+    return frozenset(positional[:_len(args)]) | frozenset(kwargs)
+
+
+def _is_installed_code(fn) -> bool:
+    """True for functions of the standard library or of installed packages other than the course's.
+
+    Their code is not read (JAX and NumPy are large and cannot reach the course library); the
+    course library itself (``rlhf_lab``, editable or installed) and notebook code always are.
+    """
+    global _sysconfig_paths
+    module = _getattr(fn, "__module__", None) or ""
+    if module.split(".")[0] in ("rlhf_lab", "__main__") or module.startswith("_rlhf_trusted_"):
+        return False
+    code = _getattr(fn, "__code__", None)
+    filename = _getattr(code, "co_filename", "") or ""
+    if _sysconfig_paths is None:
+        import sysconfig
+        _sysconfig_paths = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+    return filename.startswith(_sysconfig_paths)
+
+
+def _attr_static(obj, name: str):
+    """``obj.name`` for modules and plain namespaces only, without running any ``__getattr__``."""
+    if _isinstance(obj, (types.ModuleType, types.SimpleNamespace)):
+        try:
+            return object.__getattribute__(obj, "__dict__").get(name, _MISSING)
+        except Exception:  # noqa: BLE001 - a hostile object: nothing to follow
+            return _MISSING
+    return _MISSING
+
+
+_MISSING = object()
+_LOAD_NAME_OPS = {"LOAD_GLOBAL", "LOAD_NAME"}
+_ATTR_OPS = {"LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM"}
+_DEREF_OPS = {"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_CLOSURE"}
+
+
+def _references(fn, passed: frozenset = frozenset()) -> list:
+    """Objects a Python function's code can reach by name: globals and attribute chains from them
+    (``rlhf_lab.ppo.ppo_loss``), imports inside the body, closure cells, defaults. Nested functions
+    and lambdas (code constants) are read too, against the same globals.
+
+    ``passed`` names parameters the call supplies: their defaults are not reached (a test that
+    passes ``surrogate=trusted`` replaces a default ``surrogate=ppo_surrogate``)."""
+    found: list = []
+    globals_ = _getattr(fn, "__globals__", None) or {}
+    builtins_ns = vars(builtins)
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    for cell in cells.values():
+        try:
+            found.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    code0 = fn.__code__
+    defaults = _getattr(fn, "__defaults__", None) or ()
+    positional = code0.co_varnames[:code0.co_argcount]
+    found.extend(value for name, value in zip(positional[_len(positional) - _len(defaults):], defaults)
+                 if name not in passed)
+    found.extend(value for name, value in (_getattr(fn, "__kwdefaults__", None) or {}).items()
+                 if name not in passed)
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        codes.extend(c for c in code.co_consts if _isinstance(c, types.CodeType))
+        current = _MISSING
+        for ins in _get_instructions(code):
+            op = ins.opname
+            if op in _LOAD_NAME_OPS:
+                name = ins.argval
+                current = globals_.get(name, builtins_ns.get(name, _MISSING))
+            elif op in _DEREF_OPS and code is fn.__code__ and ins.argval in cells:
+                try:
+                    current = cells[ins.argval].cell_contents
+                except ValueError:
+                    current = _MISSING
+            elif op == "IMPORT_NAME":
+                module = sys.modules.get(ins.argval, _MISSING)
+                current = module
+            elif op in _ATTR_OPS and current is not _MISSING:
+                current = _attr_static(current, ins.argval)
+            else:
+                current = _MISSING
+                continue
+            if current is not _MISSING:
+                found.append(current)
+    return found
+
+
+def _reachable_forbidden(fn, forbidden: dict[types.CodeType, str], passed: frozenset = frozenset(),
+                         limit: int = 5000) -> str | None:
+    """The name of a forbidden function reachable from ``fn`` without running it, or None.
+
+    Followed: ``__wrapped__`` (``jax.jit``, ``functools.wraps``), ``functools.partial``, bound
+    methods, callable instances of notebook classes, containers (dict, list, tuple, set,
+    SimpleNamespace) and, for every Python function that is not installed code (see
+    :func:`_is_installed_code`), everything :func:`_references` finds in its code. A function
+    counts as forbidden when its code object is one of ``forbidden``'s, however it was imported
+    or renamed. ``passed``: parameter names the call supplies (see :func:`_references`), applied
+    to ``fn`` and the functions it wraps. Bounded by ``limit`` objects; cycles are visited once.
+    """
+    seen: set[int] = set()
+    top: set[int] = set()
+    obj = fn
+    for _ in range(8):  # fn and what it wraps (jax.jit, functools.wraps): the call's own parameters
+        top.add(_id(obj))
+        try:
+            obj = object.__getattribute__(obj, "__dict__").get("__wrapped__")
+        except Exception:  # noqa: BLE001
+            obj = _getattr(obj, "__wrapped__", None) if type(obj).__module__.startswith("jax") else None
+        if obj is None:
+            break
+    stack = [fn]
+    while stack and _len(seen) < limit:
+        obj = stack.pop()
+        if _id(obj) in seen or _isinstance(obj, (type(None), bool, int, float, complex, str, bytes,
+                                                 np.ndarray, jax.Array, types.ModuleType)):
+            continue
+        seen.add(_id(obj))
+        try:
+            wrapped = object.__getattribute__(obj, "__dict__").get("__wrapped__", _MISSING)
+        except Exception:  # noqa: BLE001 - no __dict__
+            wrapped = _MISSING
+        if wrapped is _MISSING:
+            try:
+                wrapped = _getattr(obj, "__wrapped__", _MISSING) if type(obj).__module__.startswith("jax") else _MISSING
+            except Exception:  # noqa: BLE001
+                wrapped = _MISSING
+        if wrapped is not _MISSING:
+            stack.append(wrapped)
+        if _isinstance(obj, types.FunctionType):
+            name = forbidden.get(obj.__code__)
+            if name is not None:
+                return name
+            if not _is_installed_code(obj):
+                stack.extend(_references(obj, passed if _id(obj) in top else frozenset()))
+        elif _isinstance(obj, types.MethodType):
+            stack.extend((obj.__func__, obj.__self__))
+        elif _isinstance(obj, _partial):
+            stack.append(obj.func)
+            stack.extend(obj.args)
+            stack.extend(obj.keywords.values())
+        elif _isinstance(obj, dict):
+            stack.extend(list(obj.values())[:limit])
+        elif _isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(list(obj)[:limit])
+        elif _isinstance(obj, types.SimpleNamespace):
+            stack.extend(vars(obj).values())
+        elif _isinstance(obj, type):
+            if obj.__module__ == "__main__":
+                stack.extend(v for v in vars(obj).values() if _isinstance(v, (types.FunctionType, staticmethod,
+                                                                                 classmethod)))
+        elif _isinstance(obj, (staticmethod, classmethod)):
+            stack.append(obj.__func__)
+        elif type(obj).__module__ == "__main__":  # an instance of a notebook class: its methods and state
+            stack.append(type(obj))
+            try:
+                stack.extend(object.__getattribute__(obj, "__dict__").values())
+            except Exception:  # noqa: BLE001
+                pass
+    return None
 
 
 def _fmt(arr: np.ndarray) -> str:

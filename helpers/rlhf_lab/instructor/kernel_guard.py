@@ -15,6 +15,11 @@ can undo them before they take effect:
     * ``RLIMIT_FSIZE`` (largest file the kernel may write) ``RLHF_KERNEL_FILE_MB`` MiB, default 1024.
     * ``RLIMIT_CORE`` 0 (a crashing kernel does not dump a multi-GiB core file).
 
+    With ``compile_cache_root`` set (``nbgrader_config.py`` sets it to the course root), each
+    kernel also gets a private, verified copy of its assignment's trusted JAX compilation cache
+    (:mod:`.compile_cache`), deleted when the kernel stops: the programs every student's notebook
+    compiles identically are loaded instead of compiled.
+
     ``RLHF_KERNEL_SCRUB_ENV`` (comma-separated) removes environment variables from the kernel,
     for example ``NBGRADER_EXECUTION``, which nbgrader sets so a notebook can tell it is being
     graded. It is kept by default because the course's own locked cells use it to skip the live
@@ -33,9 +38,13 @@ can undo them before they take effect:
 from __future__ import annotations
 
 import asyncio
+import atexit
+import importlib.util
 import os
 import resource
+import shutil
 import signal
+import sys
 
 from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -48,6 +57,18 @@ MIB = 1024 * 1024
 KERNEL_STOPPED = "KernelStopped"
 #: ``ename`` of the error output put on every later code cell, which did not run.
 NOT_RUN = "CellNotRun"
+
+
+def _compile_cache_module():
+    """:mod:`.compile_cache`, loaded by file path (importing ``rlhf_lab`` would import JAX here)."""
+    name = "rlhf_lab_course_compile_cache"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__),
+                                                                          "compile_cache.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def _env_int(name: str, default: int) -> int:
@@ -93,12 +114,41 @@ class LimitedKernelManager(AsyncKernelManager):
              "cells read it to skip the live explorer while autograding).",
     ).tag(config=True)
 
+    compile_cache_root = Unicode(
+        "",
+        help="Course root whose .cache/jax-compile-seed/<assignment>/ seeds each kernel's private JAX "
+             "compilation cache (empty: no cache).",
+    ).tag(config=True)
+
+    seed_cache_dir = Unicode(
+        "",
+        help="Build a seed: the kernel writes its JAX compilation cache straight into this folder "
+             "(used by compile_cache.ensure_seed on the trusted source notebooks only).",
+    ).tag(config=True)
+
     _kernel_pgid: int | None = None
+    _cache_dir: str | None = None
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         env = dict(kw.get("env") or os.environ)
         for name in filter(None, (n.strip() for n in self.scrub_env.split(","))):
             env.pop(name, None)
+        for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
+            env.pop(name, None)  # only a private copy made here may serve as a kernel's cache
+        if self.seed_cache_dir:
+            env.update(_compile_cache_module().kernel_env(self.seed_cache_dir))
+        elif self.compile_cache_root and kw.get("cwd"):
+            cc = _compile_cache_module()
+            try:
+                copy = cc.private_copy(cc.seed_for_notebook_dir(self.compile_cache_root, kw["cwd"]))
+            except Exception as exc:  # noqa: BLE001 - no cache is always a safe fallback
+                self.log.warning("JAX compilation cache not used: %s", exc)
+                copy = None
+            if copy is not None:
+                self._cache_dir = str(copy)
+                atexit.register(shutil.rmtree, str(copy), True)  # also if the grader stops abruptly
+                env.update(cc.kernel_env(copy))
         kw["env"] = env
         kw["preexec_fn"] = limits_preexec(self.memory_mb, self.file_mb)
         await super()._async_launch_kernel(kernel_cmd, **kw)
@@ -117,6 +167,9 @@ class LimitedKernelManager(AsyncKernelManager):
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         # Whatever the student's code left running in the kernel's group goes with the kernel.
         self.kill_process_group()
+        if self._cache_dir:
+            shutil.rmtree(self._cache_dir, ignore_errors=True)
+            self._cache_dir = None
         await super()._async_cleanup_resources(restart=restart)
 
 

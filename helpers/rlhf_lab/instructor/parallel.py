@@ -805,8 +805,16 @@ def grade_class(assignment: str, *, root: str | os.PathLike | None = None, db_ur
                 workers: int | None = None, scheduler: str | None = None, client=None,
                 force: bool = False, timeout: float = DEFAULT_STUDENT_TIMEOUT,
                 stream: TextIO | None = None,
-                on_result: Callable[[dict], None] | None = None) -> ClassRun:
+                on_result: Callable[[dict], None] | None = None,
+                preflight: bool = True, compile_cache: bool = True) -> ClassRun:
     """Autograde every (or the given) student of ``assignment``; see the module docstring.
+
+    Before any student runs, as in the sequential pipeline: ``preflight`` runs the integrity
+    checks (:func:`rlhf_lab.instructor.integrity.preflight`: malformed or hostile files are
+    quarantined, students whose folder nbgrader cannot address are reported as failed with the
+    reason) and, after grading, withholds the points of blocked cells; ``compile_cache`` builds or
+    reuses the assignment's trusted JAX compilation cache seed
+    (:mod:`rlhf_lab.instructor.compile_cache`), which every grading kernel copies privately.
 
     ``client`` (a ``distributed.Client``) takes precedence over ``scheduler``; with neither, a
     LocalCluster of ``workers`` processes (default: the usable cores), one thread each, is
@@ -844,8 +852,34 @@ def grade_class(assignment: str, *, root: str | os.PathLike | None = None, db_ur
     if skipped:
         stream.write(f"{len(skipped)} student(s) already graded, skipping (use --force to regrade)\n")
     started = time.monotonic()
-    progress = Progress(len(todo), stream)
     results: list[dict] = []
+    report = None
+    if preflight and todo:
+        from . import integrity
+
+        report = integrity.preflight(assignment, course.root, todo)
+        blocked = set(report.ungradable())
+        for student in sorted(blocked & set(todo)):
+            why = "; ".join(f.message for f in report.for_student(student)) or "cannot be graded"
+            results.append({"student": student, "assignment": assignment, "status": "failed",
+                            "seconds": 0.0, "returncode": None, "reason": f"integrity pre-flight: {why}"[:400],
+                            "attempt": None, "host": None, "worker_pid": None, "log": None, "notes": [],
+                            "log_tail": ""})
+        todo = [s for s in todo if s not in blocked]
+        n_findings = len(report.findings)
+        if n_findings:
+            stream.write(f"integrity pre-flight: {n_findings} finding(s) in {len(todo) + len(blocked)} "
+                         f"submission(s); details in integrity/{assignment}.json\n")
+    if compile_cache and todo:
+        from . import compile_cache as cc
+
+        seed = cc.ensure_seed(course.root, assignment)
+        if seed.problem:
+            stream.write(f"compile cache: none ({seed.problem}); kernels compile from scratch\n")
+        elif seed.rebuilt:
+            stream.write(f"compile cache: seed built from the source notebooks in {seed.seconds:.0f} s "
+                         f"({seed.entries} programs)\n")
+    progress = Progress(len(todo), stream)
     n_workers = 1
     if todo and sequential:
         stream.write(f"grading {len(todo)} student(s) of {assignment} sequentially\n")
@@ -863,6 +897,10 @@ def grade_class(assignment: str, *, root: str | os.PathLike | None = None, db_ur
         results, n_workers = _grade_on_dask(spec, todo, client=client, scheduler=scheduler,
                                             workers=workers, progress=progress, stream=stream,
                                             on_result=on_result)
+    if report is not None:
+        from . import integrity
+
+        integrity.apply_overrides(report, course.root, db_url)
     wall = time.monotonic() - started
     scores = read_scores(db_url, course.course_id, assignment)
     for r in results:
@@ -1069,6 +1107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=DEFAULT_STUDENT_TIMEOUT, metavar="SECONDS",
                    help="limit for one student's whole autograde (default %(default)g)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="skip the integrity pre-flight (quarantine of malformed or hostile files)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="do not build or use the trusted JAX compilation cache seed")
     return p
 
 
@@ -1081,7 +1123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run = grade_class(args.assignment, root=args.root, db_url=args.db, students=args.students,
                           sequential=args.sequential, workers=args.workers,
-                          scheduler=args.scheduler, force=args.force, timeout=args.timeout)
+                          scheduler=args.scheduler, force=args.force, timeout=args.timeout,
+                          preflight=not args.no_preflight, compile_cache=not args.no_compile_cache)
     except ParallelGradingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -738,12 +738,14 @@ class ClassRun:
 
 
 #: What a working copy of the course needs (the helper library is imported from the installed package).
-COURSE_FILES = ("nbgrader_config.py", "source", "release", "examples")
+COURSE_FILES = ("nbgrader_config.py", "source", "release", "examples", ".cache")
 
 
 def copy_course(dest: str | os.PathLike, root=None, include: Sequence[str] = COURSE_FILES) -> Path:
-    """Copy the course (config, source, release, examples) into ``dest`` and return it, resolved.
+    """Copy the course (config, source, release, examples, compile cache seeds) into ``dest``.
 
+    Returns ``dest``, resolved. The compile cache seeds (``.cache/``) are copied when present:
+    each carries its own validity key, so a stale one is rebuilt, never used wrongly.
     Pipeline outputs are never copied, so the copy starts clean; ``autograded/`` is created empty.
     """
     root = course_root(root)
@@ -780,7 +782,7 @@ def clean_outputs(root=None) -> None:
 def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None = None,
               names: Iterable[str] | None = None, students: Iterable[str] | None = None,
               fresh: bool = True, regenerate: bool = True, force: bool = True,
-              grader=None, progress=None) -> ClassRun:
+              grader=None, progress=None, compile_cache: bool = True) -> ClassRun:
     """The whole pipeline on a folder of submissions: generate -> collect -> autograde -> feedback -> export.
 
     ``fresh`` removes earlier outputs (and the SQLite gradebook) first. ``grader(assignment,
@@ -800,6 +802,16 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     if regenerate:
         generate(root, assignments(root), db_url)
     seconds["generate"] = time.perf_counter() - t
+
+    # a trusted JAX compilation cache per assignment, built from the source notebooks (or reused
+    # when unchanged); each grading kernel gets a private copy (see compile_cache.py)
+    t = time.perf_counter()
+    if compile_cache:
+        from . import compile_cache as cc
+
+        for a in names:
+            cc.ensure_seed(root, a)
+    seconds["compile cache"] = time.perf_counter() - t
 
     t = time.perf_counter()
     collected = collect(submissions_dir, root, names, students)

@@ -1,0 +1,265 @@
+"""A trusted JAX compilation cache, seeded once per assignment and copied privately into every kernel.
+
+Every notebook an autograder runs starts a fresh kernel, and every fresh kernel compiles the same
+XLA programs again: the given cells, the library's reference functions and the hidden tests'
+trusted procedures have the same shapes for every student. On this course that is about 300
+compilations per ``ppo_rlhf`` submission, a third of its grading time.
+
+This module removes that cost without letting one student's kernel touch another's:
+
+* :func:`ensure_seed` runs the assignment's **source** notebooks (the instructor's solutions,
+  trusted code) once with JAX's persistent compilation cache switched on, and keeps the cache
+  entries in ``<course root>/.cache/jax-compile-seed/<assignment>/`` with a ``MANIFEST.json``
+  that records the SHA-256 of every entry and a key: the source notebooks, the course library,
+  the JAX version and this machine's CPU. A seed whose key no longer matches is rebuilt; an
+  unchanged one is reused (the check costs milliseconds).
+* :func:`private_copy`, called by the kernel launcher (:mod:`.kernel_guard`) for each kernel,
+  copies the seed of the notebook's assignment into a new temporary folder after verifying every
+  entry against the manifest, and :func:`kernel_env` points the kernel's JAX at it. The kernel
+  reads and writes only its own copy, which is deleted when the kernel stops; nothing it writes
+  reaches the seed or the next student. A missing, stale or damaged seed means no cache (the
+  kernel compiles as before), never a wrong one.
+
+What it does not defend against: a kernel running as the grader's user could rewrite the seed
+itself, as it could rewrite the course library; ``docs/security.md`` explains how to run
+autograding of untrusted code under a separate user or in a container, where it cannot.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SEED_DIR = Path(".cache") / "jax-compile-seed"
+MANIFEST = "MANIFEST.json"
+FORMAT = 1
+#: JAX settings that make every compilation land in the cache (by default only slow ones do).
+CACHE_SETTINGS = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    # XLA logs a C++ warning on every cache read ("Assume version compatibility"); in a kernel it
+    # would land in every cell's output. Level 2 keeps errors only.
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    # By default JAX also points XLA's GPU autotuning cache into the cache folder, and that path
+    # becomes part of every cache key: a copy in another folder would never hit. Not used on CPU.
+    "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
+}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def machine_fingerprint() -> str:
+    """The CPU an XLA:CPU executable was compiled for: architecture plus the CPU feature flags."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                break
+    except OSError:
+        pass
+    return hashlib.sha256(f"{platform.machine()}|{flags}".encode()).hexdigest()[:16]
+
+
+def seed_key(root: Path, assignment: str) -> dict:
+    """What a seed depends on; a seed is used only while all of it is unchanged."""
+    import jax
+    import jaxlib
+
+    import rlhf_lab
+
+    library = Path(rlhf_lab.__file__).parent
+    lib_hash = hashlib.sha256()
+    for path in sorted(library.glob("*.py")):
+        lib_hash.update(path.name.encode() + _sha256(path).encode())
+    notebooks = {p.name: _sha256(p) for p in sorted((root / "source" / assignment).glob("*.ipynb"))}
+    return {"format": FORMAT, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "machine": machine_fingerprint(), "library": lib_hash.hexdigest(), "notebooks": notebooks}
+
+
+def _kernel_guard():
+    """:mod:`.kernel_guard`, loaded as ``nbgrader_config.py`` loads it (one module object per process)."""
+    import importlib.util
+    import sys
+
+    name = "rlhf_lab_course_kernel_guard"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("kernel_guard.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def seed_dir(root: str | os.PathLike, assignment: str) -> Path:
+    return Path(root) / SEED_DIR / assignment
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+
+
+@dataclass
+class SeedResult:
+    assignment: str
+    path: Path
+    entries: int
+    seconds: float
+    rebuilt: bool
+    problem: str = ""   # why no seed could be built (the pipeline then grades without one)
+
+
+def kernel_env(cache_dir: str | os.PathLike) -> dict:
+    """Environment variables that point a kernel's JAX at ``cache_dir`` and cache every compilation."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache_dir), **CACHE_SETTINGS}
+
+
+def ensure_seed(root: str | os.PathLike, assignment: str, *, force: bool = False,
+                timeout: int = 300) -> SeedResult:
+    """Build (or reuse) the seed of ``assignment`` by running its source notebooks once.
+
+    The notebooks run with nbclient in a scratch copy of ``source/<assignment>/`` (so the source
+    folder is never touched), with ``NBGRADER_EXECUTION=autograde`` as in autograding. A notebook
+    that fails is reported in ``problem`` and no seed is kept: a seed must come from a clean run.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = Path(root).resolve()
+    folder = seed_dir(root, assignment)
+    key = seed_key(root, assignment)
+    manifest = _read_manifest(folder)
+    if not force and manifest is not None and manifest.get("key") == key:
+        return SeedResult(assignment, folder, len(manifest["files"]), 0.0, rebuilt=False)
+
+    t0 = time.perf_counter()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"seed-{assignment}-", dir=folder.parent) as tmp:
+        tmp = Path(tmp)
+        cache, work = tmp / "cache", tmp / "work"
+        shutil.copytree(root / "source" / assignment, work)
+        # the kernels start as grading kernels do (same launcher, limits and environment); the
+        # launcher points their JAX cache at `cache`
+        manager = _kernel_guard().LimitedKernelManager
+        env_now = {"NBGRADER_EXECUTION": "autograde", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
+                   "TF_CPP_MIN_LOG_LEVEL": "2", "MPLBACKEND": None, "PYTEST_CURRENT_TEST": None}
+        saved = {k: os.environ.get(k) for k in env_now}
+        for k, v in env_now.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        try:
+            for path in sorted(work.glob("*.ipynb")):
+                nb = nbformat.read(path, as_version=4)
+                try:
+                    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                            kernel_manager_class=manager,
+                                            resources={"metadata": {"path": str(work)}})
+                    client.km = manager(kernel_name="python3", seed_cache_dir=str(cache))
+                    client.execute()
+                except Exception as exc:  # noqa: BLE001 - any failure means: no seed
+                    return SeedResult(assignment, folder, 0, time.perf_counter() - t0, rebuilt=False,
+                                      problem=f"{path.name} did not run cleanly: {type(exc).__name__}: "
+                                              f"{str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        files = {p.relative_to(cache).as_posix(): _sha256(p) for p in sorted(cache.rglob("*")) if p.is_file()} \
+            if cache.exists() else {}
+        staged = tmp / "staged"
+        if cache.exists():
+            shutil.copytree(cache, staged)
+        else:
+            staged.mkdir()
+        (staged / MANIFEST).write_text(json.dumps({"key": key, "files": files}, indent=1, sort_keys=True) + "\n")
+        old = folder.with_name(folder.name + ".old")
+        if folder.exists():
+            folder.rename(old)
+        staged.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+    return SeedResult(assignment, folder, len(files), time.perf_counter() - t0, rebuilt=True)
+
+
+def private_copy(seed: str | os.PathLike, dest_parent: str | os.PathLike | None = None) -> Path | None:
+    """A fresh temporary copy of the seed folder ``seed``, verified entry by entry; None if unusable.
+
+    Unusable: no manifest, a key for another machine or JAX version, an entry missing or whose
+    SHA-256 differs from the manifest. The caller owns the returned folder and deletes it.
+    """
+    seed = Path(seed)
+    manifest = _read_manifest(seed)
+    if manifest is None:
+        return None
+    key = manifest.get("key") or {}
+    try:
+        import importlib.metadata as md
+        current = {"jax": md.version("jax"), "jaxlib": md.version("jaxlib")}
+    except Exception:  # noqa: BLE001
+        return None
+    if key.get("machine") != machine_fingerprint() or key.get("jax") != current["jax"] \
+            or key.get("jaxlib") != current["jaxlib"] or key.get("format") != FORMAT:
+        return None
+    dest = Path(tempfile.mkdtemp(prefix="rlhf-jax-cache-", dir=dest_parent))
+    try:
+        for rel, digest in manifest["files"].items():
+            src = seed / rel
+            if ".." in Path(rel).parts or src.is_symlink():
+                raise ValueError(rel)
+            data = src.read_bytes()
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise ValueError(rel)
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    except (OSError, ValueError):
+        shutil.rmtree(dest, ignore_errors=True)
+        return None
+    return dest
+
+
+def seed_for_notebook_dir(root: str | os.PathLike, notebook_dir: str | os.PathLike) -> Path:
+    """The seed folder for a kernel started in ``notebook_dir`` (``.../<assignment>/``)."""
+    return seed_dir(root, Path(notebook_dir).name)
+
+
+def main(argv=None) -> int:
+    """``python -m rlhf_lab.instructor.compile_cache [--root R] [--force] [ASSIGNMENT ...]``."""
+    import argparse
+
+    from .pipeline import course_root, graded_assignments
+
+    ap = argparse.ArgumentParser(description="Build the trusted JAX compilation cache seeds of the course.")
+    ap.add_argument("assignments", nargs="*")
+    ap.add_argument("--root")
+    ap.add_argument("--force", action="store_true", help="rebuild even if the seed is up to date")
+    args = ap.parse_args(argv)
+    root = course_root(args.root)
+    status = 0
+    for name in args.assignments or graded_assignments(root):
+        r = ensure_seed(root, name, force=args.force)
+        if r.problem:
+            status = 1
+            print(f"{name}: no seed ({r.problem})")
+        else:
+            print(f"{name}: {'built' if r.rebuilt else 'up to date'}, {r.entries} entries, {r.seconds:.1f} s -> {r.path}")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

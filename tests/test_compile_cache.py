@@ -1,0 +1,138 @@
+"""The trusted JAX compilation cache (``rlhf_lab.instructor.compile_cache``).
+
+Fast tests check that a private copy is made only from a seed that verifies (every entry's
+SHA-256, this machine, this JAX) and never follows a path out of the seed. The ``slow`` test
+autogrades real students with nbgrader: the kernel gets its own copy of the seed, not the seed;
+a student who overwrites every cache entry in their kernel leaves the seed intact and the next
+student's grades untouched; no private copy outlives its kernel.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_support import (  # noqa: F401  (fixtures are used by name)
+    correct_submission, fresh_course, own_db, replace_cell, session_base, write_submissions,
+)
+from rlhf_lab.instructor import compile_cache, pipeline
+
+
+def _fake_seed(folder: Path, entries: dict[str, bytes], **key_overrides) -> Path:
+    """A seed folder with ``entries`` and a manifest for this machine and JAX (overridable)."""
+    import importlib.metadata as md
+
+    folder.mkdir(parents=True)
+    for name, data in entries.items():
+        (folder / name).write_bytes(data)
+    key = {"format": compile_cache.FORMAT, "jax": md.version("jax"), "jaxlib": md.version("jaxlib"),
+           "machine": compile_cache.machine_fingerprint(), **key_overrides}
+    files = {name: hashlib.sha256(data).hexdigest() for name, data in entries.items()}
+    (folder / compile_cache.MANIFEST).write_text(json.dumps({"key": key, "files": files}))
+    return folder
+
+
+ENTRIES = {"jit_a-1-cache": b"first program", "jit_b-2-cache": b"second program"}
+
+
+def test_private_copy_holds_exactly_the_verified_entries(tmp_path):
+    """a verified seed is copied entry by entry into a new folder outside the seed"""
+    seed = _fake_seed(tmp_path / "seed", ENTRIES)
+    copy = compile_cache.private_copy(seed, tmp_path)
+    try:
+        assert copy is not None and copy != seed and copy.parent == tmp_path
+        assert {p.name: p.read_bytes() for p in copy.iterdir()} == ENTRIES
+    finally:
+        if copy is not None:
+            import shutil
+            shutil.rmtree(copy)
+
+
+@pytest.mark.parametrize("damage", ["changed entry", "missing entry", "other machine", "other jax",
+                                    "path out of the seed", "no manifest", "manifest not json"])
+def test_private_copy_refuses_a_seed_that_does_not_verify(tmp_path, damage):
+    """any mismatch means no cache at all (the kernel compiles), never a wrong cache"""
+    overrides = {"other machine": {"machine": "0" * 16}, "other jax": {"jax": "0.0.1"}}.get(damage, {})
+    seed = _fake_seed(tmp_path / "seed", ENTRIES, **overrides)
+    if damage == "changed entry":
+        (seed / "jit_a-1-cache").write_bytes(b"poisoned program")
+    elif damage == "missing entry":
+        (seed / "jit_b-2-cache").unlink()
+    elif damage == "path out of the seed":
+        (tmp_path / "outside").write_bytes(b"x")
+        manifest = json.loads((seed / compile_cache.MANIFEST).read_text())
+        manifest["files"]["../outside"] = hashlib.sha256(b"x").hexdigest()
+        (seed / compile_cache.MANIFEST).write_text(json.dumps(manifest))
+    elif damage == "no manifest":
+        (seed / compile_cache.MANIFEST).unlink()
+    elif damage == "manifest not json":
+        (seed / compile_cache.MANIFEST).write_text("{not json")
+    before = set(Path(tempfile.gettempdir()).glob("rlhf-jax-cache-*"))
+    assert compile_cache.private_copy(seed) is None
+    assert set(Path(tempfile.gettempdir()).glob("rlhf-jax-cache-*")) == before, "a refused copy left a folder"
+
+
+def test_kernel_env_switches_off_the_path_dependent_xla_cache():
+    """the cache settings make every compilation cacheable and keys independent of the folder"""
+    env = compile_cache.kernel_env("/some/where")
+    assert env["JAX_COMPILATION_CACHE_DIR"] == "/some/where"
+    assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+    assert env["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "none"
+
+
+PROBE = '''
+import json as _json, os as _os, pathlib as _pathlib
+_dir = _os.environ.get("JAX_COMPILATION_CACHE_DIR", "")
+_entries = [p for p in _pathlib.Path(_dir).iterdir() if p.is_file()] if _dir else []
+for _p in _entries:          # a hostile student spoils every cached program it can reach
+    _p.write_bytes(b"garbage")
+print("CACHE-PROBE " + _json.dumps({"dir": _dir, "entries": len(_entries)}))
+'''
+
+
+@pytest.mark.slow
+def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp_path_factory):
+    """real autograde: each kernel reads its own copy; spoiling it changes nothing for anyone else"""
+    assignment = "ppo_objective"
+    root = fresh_course(tmp_path / "course", session_base(tmp_path_factory))
+    seed = compile_cache.seed_dir(root, assignment)
+    result = compile_cache.ensure_seed(root, assignment)
+    assert result.problem == "" and result.entries > 10, result
+    t0 = time.perf_counter()
+    again = compile_cache.ensure_seed(root, assignment)
+    assert not again.rebuilt and time.perf_counter() - t0 < 5, "an unchanged seed must be reused"
+    seed_files = {p.name: p.read_bytes() for p in seed.iterdir()}
+
+    good = correct_submission(assignment)
+    spoiler = dict(good)
+    first = sorted(good)[0]
+    nb = good[first]
+    answer = next(c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "ppo_surrogate")
+    spoiler[first] = replace_cell(nb, "ppo_surrogate", answer.source + "\n" + PROBE)
+    subs = write_submissions(tmp_path / "subs", {"a_spoiler": {assignment: spoiler}, "b_next": {assignment: good}})
+    before = set(Path(tempfile.gettempdir()).glob("rlhf-jax-cache-*"))
+    pipeline.collect(subs, root, [assignment])
+    runs = pipeline.autograde(assignment, ["a_spoiler", "b_next"], root, own_db(root))
+    assert all(r.ok for r in runs), [r.to_dict() for r in runs]
+
+    graded = nbformat.read(root / "autograded" / "a_spoiler" / assignment / f"{first}.ipynb", as_version=4)
+    probe = next(json.loads(line.split(" ", 1)[1]) for c in graded.cells if c.cell_type == "code"
+                 for o in c.get("outputs", []) for line in o.get("text", "").splitlines()
+                 if line.startswith("CACHE-PROBE "))
+    assert probe["dir"], "the grading kernel had no compilation cache"
+    assert Path(probe["dir"]).resolve() != seed.resolve() and str(root) not in probe["dir"]
+    assert probe["entries"] >= len(seed_files) - 1, "the kernel's copy must hold every seeded program"
+    assert not Path(probe["dir"]).exists(), "the kernel's private cache outlived the kernel"
+    assert set(Path(tempfile.gettempdir()).glob("rlhf-jax-cache-*")) == before, "a private cache was left behind"
+    assert {p.name: p.read_bytes() for p in seed.iterdir()} == seed_files, "the seed changed"
+
+    grades = pipeline.read_grades(root, own_db(root))
+    tests = [g for g in grades.by_cell("b_next", assignment).values() if g.kind == "test"]
+    assert tests and all(g.score == g.max_score for g in tests), \
+        [(g.grade_id, g.score, g.max_score) for g in tests]
