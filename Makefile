@@ -23,7 +23,7 @@ lesson: venv
 
 ## make test: the whole suite, browser tests included
 test: venv
-	$(RUN) $(PY) -m pytest -q
+	$(RUN) $(PY) -m pytest -q --durations=20
 
 test-fast: venv
 	$(RUN) $(PY) -m pytest -q -m "not slow and not browser and not postgres"

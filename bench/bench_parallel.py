@@ -49,7 +49,7 @@ os.environ.pop("MPLBACKEND", None)
 
 from distributed import Client  # noqa: E402
 
-from rlhf_lab.instructor import parallel  # noqa: E402
+from rlhf_lab.instructor import compile_cache, parallel  # noqa: E402
 
 COURSE_ID = "rlhf-ppo"
 WAYS = ("sequential", "parallel", "upstream")
@@ -87,9 +87,14 @@ def other_cpu_seconds(before, after) -> float:
     return max(0.0, (after[0] - before[0]) - (after[1] - before[1]))
 
 
-def course(base: Path, name: str, examples: Path, assignment: str, size: int) -> tuple[Path, list[str], dict]:
-    """A fresh course copy with the class; the gradebook knows the assignment (generate once)."""
-    root = parallel.copy_course(ROOT, base / name, [assignment])
+def course(base: Path, name: str, examples: Path, assignment: str, size: int,
+           like: Path | None = None) -> tuple[Path, list[str], dict]:
+    """A fresh course copy with the class; the gradebook knows the assignment (generate once).
+
+    Its compile cache seed is built before anything is timed (copied from ``like`` if given), so
+    all three ways of grading start with the same seed."""
+    root = parallel.copy_course(like or ROOT, base / name, [assignment])
+    compile_cache.ensure_seed(root, assignment)
     students = parallel.replicate_class(examples, assignment, size, root)
     env = dict(os.environ, RLHF_COURSE_ROOT=str(root), RLHF_COURSE_DB=f"sqlite:///{root}/gradebook.db")
     subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", assignment, "--force"],
@@ -129,7 +134,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
         base = Path(tmp)
         examples = parallel.example_class(base / "examples", assignment, ROOT)
-        courses = {w: course(base, w, examples, assignment, args.size) for w in WAYS}
+        courses = {}
+        for w in WAYS:
+            courses[w] = course(base, w, examples, assignment, args.size,
+                                like=courses["sequential"][0] if courses else None)
         students = courses["sequential"][1]
         blocks = [students[i:i + args.block] for i in range(0, len(students), args.block)]
         print(f"class: {args.size} students of {assignment} in {len(blocks)} blocks; {cores} cores; "

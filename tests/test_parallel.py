@@ -356,6 +356,9 @@ def test_crash_mid_run_then_rerun_grades_only_the_rest_and_hostile_ones_fail_alo
         if r["student"] in interrupted:
             assert r["attempt"] == 2, r
     assert "graded" in second.stdout and "ETA" in second.stderr
+    # the parallel command ran the same integrity pre-flight as the sequential pipeline
+    preflight = json.loads((root / "integrity" / f"{TOY}.json").read_text())
+    assert set(preflight["students"]) <= set(students) and preflight["students"]
 
     # 3. everyone has the grade their submission deserves; the hostile ones fail alone. A killed
     #    kernel either fails that student (plain nbgrader) or, with the course's kernel guard,
@@ -450,7 +453,10 @@ def test_parallel_on_sqlite_gives_the_sequential_grades_even_when_a_worker_is_ki
     killer = threading.Thread(target=_kill_a_worker_mid_task, args=(root, a, stop, killed), daemon=True)
     killer.start()
     try:
-        run = grade_class(a, root=root)  # default: a LocalCluster sized to the machine
+        # default: a LocalCluster sized to the machine. The baseline is upstream nbgrader, which has
+        # no integrity pre-flight, so the fan-out is compared without it (the pre-flight is on by
+        # default and tested with the CLI above and in test_trust.py)
+        run = grade_class(a, root=root, preflight=False)
     finally:
         stop.set()
         killer.join()
@@ -483,7 +489,8 @@ def test_parallel_on_postgresql_gives_the_sequential_grades(klass, tmp_path):
         url = create_database(server, "gradebook")  # fresh: schema created before the fan-out
         out = tmp_path / "run.json"
         proc = subprocess.run([sys.executable, "-m", "rlhf_lab.instructor.parallel", a,
-                               "--root", str(root), "--db", url, "--json", str(out)],
+                               "--root", str(root), "--db", url, "--json", str(out),
+                               "--no-preflight"],  # as upstream nbgrader, the baseline
                               cwd=root, env=env, capture_output=True, text=True)
         report = json.loads(out.read_text())
         failed = {r["student"] for r in report["results"] if r["status"] == "failed"}

@@ -560,6 +560,26 @@ def record_assignment_from_source(course: Course, assignment: str, db_url: str) 
                 f"{course.source_directory}/ failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
 
 
+def ensure_release(course: Course, assignment: str) -> None:
+    """Make sure ``release/<assignment>/`` exists (the integrity pre-flight compares against it).
+
+    A course graded from ``source/`` alone gets the release nbgrader would hand out, generated
+    with a throwaway gradebook so the real one is not touched."""
+    release = Path(course.root) / "release" / assignment
+    if release.is_dir():
+        return
+    with tempfile.TemporaryDirectory(prefix="rlhf-release-db-") as scratch:
+        db = "sqlite:///" + os.path.join(scratch, "gradebook.db")
+        cmd = nbgrader_launcher() + ["generate_assignment", assignment, "--force",
+                                     f"--CourseDirectory.db_url={db}"]
+        proc = subprocess.run(cmd, cwd=course.root, env=grading_env(course, db),
+                              capture_output=True, text=True)
+    if proc.returncode != 0 or not release.is_dir():
+        raise ParallelGradingError(
+            f"release/{assignment} is missing and generating it from {course.source_directory}/ "
+            f"failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+
+
 def prepare_gradebook(course: Course, assignment: str, students: Sequence[str], db_url: str) -> set[str]:
     """Initialise the gradebook ONCE before any worker touches it; return students with a submission.
 
@@ -857,6 +877,7 @@ def grade_class(assignment: str, *, root: str | os.PathLike | None = None, db_ur
     if preflight and todo:
         from . import integrity
 
+        ensure_release(course, assignment)
         report = integrity.preflight(assignment, course.root, todo)
         blocked = set(report.ungradable())
         for student in sorted(blocked & set(todo)):
@@ -991,13 +1012,20 @@ def _grade_on_dask(spec: TaskSpec, todo: list[str], *, client, scheduler, worker
 
 def copy_course(src_root: str | os.PathLike, dest_root: str | os.PathLike,
                 assignments: Sequence[str]) -> Path:
-    """A fresh course at ``dest_root``: the config and ``source/<a>`` of ``src_root``, nothing graded."""
+    """A fresh course at ``dest_root``: the config and ``source/<a>`` of ``src_root``, nothing graded.
+
+    The assignments' compile cache seeds are copied too when ``src_root`` has them (each seed
+    carries its own validity key: a stale one is rebuilt, never used wrongly)."""
+    from .compile_cache import seed_dir
+
     src, dest = Path(src_root), Path(dest_root)
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src / "nbgrader_config.py", dest / "nbgrader_config.py")
     for a in assignments:
         shutil.copytree(src / "source" / a, dest / "source" / a,
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        if seed_dir(src, a).is_dir():
+            shutil.copytree(seed_dir(src, a), seed_dir(dest, a))
     return dest
 
 
