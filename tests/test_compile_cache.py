@@ -136,3 +136,15 @@ def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp
     tests = [g for g in grades.by_cell("b_next", assignment).values() if g.kind == "test"]
     assert tests and all(g.score == g.max_score for g in tests), \
         [(g.grade_id, g.score, g.max_score) for g in tests]
+
+
+def test_copies_left_by_a_killed_grader_are_swept_but_fresh_ones_stay(tmp_path):
+    """a copy untouched for hours is deleted when the next kernel starts; a recent one is kept"""
+    old, recent = tmp_path / "rlhf-jax-cache-old", tmp_path / "rlhf-jax-cache-recent"
+    for folder in (old, recent):
+        folder.mkdir()
+        (folder / "entry").write_bytes(b"x")
+    hours_ago = time.time() - compile_cache.STALE_SECONDS - 60
+    os.utime(old, (hours_ago, hours_ago))
+    assert compile_cache.sweep_stale_copies(tmp_path) == 1
+    assert not old.exists() and recent.exists()

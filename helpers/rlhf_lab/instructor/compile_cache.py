@@ -215,6 +215,7 @@ def private_copy(seed: str | os.PathLike, dest_parent: str | os.PathLike | None 
     if key.get("machine") != machine_fingerprint() or key.get("jax") != current["jax"] \
             or key.get("jaxlib") != current["jaxlib"] or key.get("format") != FORMAT:
         return None
+    sweep_stale_copies(dest_parent)
     dest = Path(tempfile.mkdtemp(prefix="rlhf-jax-cache-", dir=dest_parent))
     try:
         for rel, digest in manifest["files"].items():
@@ -231,6 +232,27 @@ def private_copy(seed: str | os.PathLike, dest_parent: str | os.PathLike | None 
         shutil.rmtree(dest, ignore_errors=True)
         return None
     return dest
+
+
+STALE_SECONDS = 6 * 3600
+
+
+def sweep_stale_copies(parent: str | os.PathLike | None = None, older_than: float = STALE_SECONDS) -> int:
+    """Delete private copies left by graders that were killed (no cleanup ran); returns how many.
+
+    Only folders untouched for ``older_than`` seconds go: no grading kernel lives that long (every
+    cell has a timeout), so a copy in use is never removed."""
+    parent = Path(parent or tempfile.gettempdir())
+    removed = 0
+    now = time.time()
+    for folder in parent.glob("rlhf-jax-cache-*"):
+        try:
+            if folder.is_dir() and not folder.is_symlink() and now - folder.stat().st_mtime > older_than:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed += 1
+        except OSError:
+            continue
+    return removed
 
 
 def seed_for_notebook_dir(root: str | os.PathLike, notebook_dir: str | os.PathLike) -> Path:
