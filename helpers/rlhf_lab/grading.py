@@ -448,17 +448,39 @@ def _delegated(task: str, qual: str, how: str = "ran inside") -> str:
 
 def _passed_names(fn, args: tuple, kwargs: dict) -> frozenset:
     """Names of ``fn``'s parameters that a call with ``args``/``kwargs`` supplies."""
-    inner = fn
-    for _ in range(8):
-        nxt = _getattr(inner, "__wrapped__", None) if not _isinstance(inner, types.FunctionType) else None
-        if nxt is None:
-            break
-        inner = nxt
-    code = _getattr(inner, "__code__", None)
+    code = _getattr(_wrap_chain(fn)[-1], "__code__", None)
     if code is None:
         return frozenset(kwargs)
     positional = code.co_varnames[:code.co_argcount]
     return frozenset(positional[:_len(args)]) | frozenset(kwargs)
+
+
+def _wrapped(obj):
+    """What ``obj`` wraps (``__wrapped__`` of ``functools.wraps``/``jax.jit``), or ``_MISSING``.
+
+    Read from the instance ``__dict__`` (no student ``__getattr__`` runs); JAX's C++ wrappers are
+    asked by attribute."""
+    try:
+        inner = object.__getattribute__(obj, "__dict__").get("__wrapped__", _MISSING)
+    except Exception:  # noqa: BLE001 - no __dict__
+        inner = _MISSING
+    if inner is _MISSING and type(obj).__module__.startswith("jax"):
+        try:
+            inner = _getattr(obj, "__wrapped__", _MISSING)
+        except Exception:  # noqa: BLE001
+            inner = _MISSING
+    return inner
+
+
+def _wrap_chain(fn, depth: int = 8) -> list:
+    """``fn`` and what it wraps, outermost first (at most ``depth`` levels)."""
+    chain = [fn]
+    while _len(chain) < depth:
+        inner = _wrapped(chain[-1])
+        if inner is _MISSING or inner is None:
+            break
+        chain.append(inner)
+    return chain
 
 
 def _is_installed_code(fn) -> bool:
@@ -559,16 +581,7 @@ def _reachable_forbidden(fn, forbidden: dict[types.CodeType, str], passed: froze
     to ``fn`` and the functions it wraps. Bounded by ``limit`` objects; cycles are visited once.
     """
     seen: set[int] = set()
-    top: set[int] = set()
-    obj = fn
-    for _ in range(8):  # fn and what it wraps (jax.jit, functools.wraps): the call's own parameters
-        top.add(_id(obj))
-        try:
-            obj = object.__getattribute__(obj, "__dict__").get("__wrapped__")
-        except Exception:  # noqa: BLE001
-            obj = _getattr(obj, "__wrapped__", None) if type(obj).__module__.startswith("jax") else None
-        if obj is None:
-            break
+    top = {_id(o) for o in _wrap_chain(fn)}  # fn and what it wraps: the call's own parameters
     stack = [fn]
     while stack and _len(seen) < limit:
         obj = stack.pop()
@@ -576,15 +589,7 @@ def _reachable_forbidden(fn, forbidden: dict[types.CodeType, str], passed: froze
                                                  np.ndarray, jax.Array, types.ModuleType)):
             continue
         seen.add(_id(obj))
-        try:
-            wrapped = object.__getattribute__(obj, "__dict__").get("__wrapped__", _MISSING)
-        except Exception:  # noqa: BLE001 - no __dict__
-            wrapped = _MISSING
-        if wrapped is _MISSING:
-            try:
-                wrapped = _getattr(obj, "__wrapped__", _MISSING) if type(obj).__module__.startswith("jax") else _MISSING
-            except Exception:  # noqa: BLE001
-                wrapped = _MISSING
+        wrapped = _wrapped(obj)
         if wrapped is not _MISSING:
             stack.append(wrapped)
         if _isinstance(obj, types.FunctionType):

@@ -153,33 +153,21 @@ def ensure_seed(root: str | os.PathLike, assignment: str, *, force: bool = False
         # the kernels start as grading kernels do (same launcher, limits and environment); the
         # launcher points their JAX cache at `cache`
         manager = _kernel_guard().LimitedKernelManager
-        env_now = {"NBGRADER_EXECUTION": "autograde", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
-                   "TF_CPP_MIN_LOG_LEVEL": "2", "MPLBACKEND": None, "PYTEST_CURRENT_TEST": None}
-        saved = {k: os.environ.get(k) for k in env_now}
-        for k, v in env_now.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        try:
-            for path in sorted(work.glob("*.ipynb")):
-                nb = nbformat.read(path, as_version=4)
-                try:
-                    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                            kernel_manager_class=manager,
-                                            resources={"metadata": {"path": str(work)}})
-                    client.km = manager(kernel_name="python3", seed_cache_dir=str(cache))
-                    client.execute()
-                except Exception as exc:  # noqa: BLE001 - any failure means: no seed
-                    return SeedResult(assignment, folder, 0, time.perf_counter() - t0, rebuilt=False,
-                                      problem=f"{path.name} did not run cleanly: {type(exc).__name__}: "
-                                              f"{str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}")
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "PYTEST_CURRENT_TEST")}
+        env.update(NBGRADER_EXECUTION="autograde", JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"),
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        for path in sorted(work.glob("*.ipynb")):
+            nb = nbformat.read(path, as_version=4)
+            try:
+                client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                        kernel_manager_class=manager,
+                                        resources={"metadata": {"path": str(work)}})
+                client.km = manager(kernel_name="python3", seed_cache_dir=str(cache))
+                client.execute(env=env)
+            except Exception as exc:  # noqa: BLE001 - any failure means: no seed
+                return SeedResult(assignment, folder, 0, time.perf_counter() - t0, rebuilt=False,
+                                  problem=f"{path.name} did not run cleanly: {type(exc).__name__}: "
+                                          f"{str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}")
         files = {p.relative_to(cache).as_posix(): _sha256(p) for p in sorted(cache.rglob("*")) if p.is_file()} \
             if cache.exists() else {}
         staged = tmp / "staged"
