@@ -14,6 +14,7 @@ import copy
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -393,6 +394,67 @@ def test_crash_mid_run_then_rerun_grades_only_the_rest_and_hostile_ones_fail_alo
     assert sorted(r["student"] for r in report["results"]) == sorted(again)
     assert cell_grades(url, TOY) == snapshot
     assert parallel.sqlite_integrity(url) == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_pipeline_killed_while_a_notebook_runs_grades_that_student_again(toy, tmp_path):
+    """sequential pipeline killed mid-notebook: the half-graded student is pending and re-graded"""
+    from rlhf_lab.instructor import pipeline
+
+    template, subs = toy
+    root = copy_course(template, tmp_path / "course", [TOY])
+    url = f"sqlite:///{root}/gradebook.db"
+    pipeline.generate(root, [TOY], url)  # release/ and the gradebook's assignment, as `make demo` does
+    marker = tmp_path / "slow_is_running"
+    slow = nbformat.read(subs / "correct" / TOY / "toy.ipynb", as_version=4)
+    slow.cells[0].source = (  # the first run stops here (and is killed); the second goes straight on
+        f"import pathlib, time\nif not pathlib.Path({str(marker)!r}).exists():\n"
+        f"    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(300)\n"
+        "def add(a, b):\n    return a + b")
+    folder = tmp_path / "submissions"
+    (folder / "slow" / TOY).mkdir(parents=True)
+    nbformat.write(slow, folder / "slow" / TOY / "toy.ipynb")
+    shutil.copytree(subs / "correct", folder / "correct")
+    driver = ("import sys\nfrom rlhf_lab.instructor import pipeline\n"
+              "pipeline.run_class(sys.argv[1], root=sys.argv[2], db_url=sys.argv[3], names=['toy'],\n"
+              "    fresh=False, regenerate=False, force=False, compile_cache=False,\n"
+              "    progress=lambda r: print('DONE', r.student, flush=True))\n")
+    cmd = [sys.executable, "-c", driver, str(folder), str(root), url]
+    proc = subprocess.Popen(cmd, cwd=root, env=nbgrader_env(root, url), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:  # the whole run dies: driver, nbgrader, kernel
+        try:
+            procs = psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+    first_out = proc.communicate()[0]
+    assert marker.exists(), "the slow student's notebook never started:\n" + first_out
+    assert "DONE correct" in first_out and "DONE slow" not in first_out, first_out
+
+    # what a kill at this point leaves behind looks finished to a file check: nbgrader copied the
+    # notebook into autograded/ before running it, and the submission row exists
+    assert (root / "autograded" / "slow" / TOY / "toy.ipynb").exists()
+    assert "slow" in totals(url, TOY)
+    assert parallel.read_record(parallel.load_course(root, url), TOY, "slow")["state"] == "running"
+    assert pipeline.pending(TOY, root, url) == ["slow"]
+
+    second = subprocess.run(cmd, cwd=root, env=nbgrader_env(root, url), capture_output=True, text=True)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert [line for line in second.stdout.splitlines() if line.startswith("DONE")] == ["DONE slow"]
+    assert totals(url, TOY) == {"correct": (TOY_MAX, TOY_MAX), "slow": (TOY_MAX, TOY_MAX)}
+    assert parallel.read_record(parallel.load_course(root, url), TOY, "slow")["attempt"] == 2
+    assert pipeline.pending(TOY, root, url) == []
 
 
 # -------------------------------------------------------------- the class: 24 students (slow)

@@ -53,6 +53,25 @@ def test_committed_hostile_cases_equal_a_fresh_build():
     assert not diff, f"examples/hostile is stale (run tools/make_hostile.py): {diff[:10]}"
 
 
+def _trust_report_tool():
+    """``tools/trust_report.py`` loaded as a module (``tools/`` is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trust_report", REPO / "tools" / "trust_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_trust_table_is_the_committed_report_table():
+    """README.md shows the hostile-case table of docs/trust_report.md (tools/trust_report.py writes both)"""
+    tool = _trust_report_tool()
+    readme = tool.table_in((REPO / "README.md").read_text(encoding="utf-8"))
+    report = tool.table_in((REPO / "docs" / "trust_report.md").read_text(encoding="utf-8"))
+    assert len(report) == len(CASES) + 2, "docs/trust_report.md lists other cases: run tools/trust_report.py"
+    assert readme == report, "README.md's trust table differs from docs/trust_report.md: run tools/trust_report.py"
+
+
 BLOCKED_SNIPPETS = {
     "np.testing.assert_allclose = lambda *a, **k: None": "tamper-attribute",
     "import jax.numpy as J\nJ.allclose = lambda *a, **k: True": "tamper-attribute",
@@ -317,6 +336,17 @@ def test_hostile_case_is_graded_as_expected(hostile_run, case):
 
 
 @pytest.mark.slow
+def test_committed_trust_report_says_what_the_grader_does_now(hostile_run):
+    """docs/trust_report.md's case table, rendered again from this run of the hostile class, is unchanged"""
+    tool = _trust_report_tool()
+    now = tool.case_table(CASES, [hostile.verdict(c, hostile_run) for c in CASES])
+    committed = tool.table_in((REPO / "docs" / "trust_report.md").read_text(encoding="utf-8"))
+    changed = [(old, new) for old, new in zip(committed, now) if old != new]
+    assert now == committed, "docs/trust_report.md is stale (run tools/trust_report.py):\n" + "\n".join(
+        f"- {old}\n+ {new}" for old, new in changed[:5])
+
+
+@pytest.mark.slow
 def test_one_bad_submission_never_costs_another_student(hostile_run):
     """Every student nbgrader can read was autograded to the end; kernel killers did not stop the run."""
     order = [r.student for r in hostile_run.runs]
@@ -570,20 +600,25 @@ def test_class_graded_again_killed_partway_and_resumed_gives_identical_grades(bu
     finally:
         killed = _kill_tree(proc)
         log.close()
-    # a student may have finished during the sleep: its DONE line is still in the pipe
+    # a student may have finished during the sleep: its DONE line is still in the pipe, or was never
+    # printed (the kill came between nbgrader writing its last notebook and the driver's print)
     done += [tuple(line.split()[1:3]) for line in proc.stdout.read().splitlines() if line.startswith("DONE")]
     assert killed >= 2  # the driver and at least the nbgrader it had started
+    # what the gradebook and autograded/ say is finished (what a re-run will skip)
+    finished = {(s, a) for (s, a) in pairs if s not in set(pipeline.pending(a, root, db_url))}
+    assert set(done) <= finished, ("reported done but not recorded as finished", set(done) - finished)
+    assert finished != set(pairs), "the kill came after the last student: nothing left to resume"
     at_kill = _cell_scores(root, db_url)
-    for key, score in first.items():  # every grade written before the kill is there, and right
-        if (key[0], key[1]) in done:
+    for key, score in first.items():  # every grade of a finished student is there before the re-run, and right
+        if (key[0], key[1]) in finished:
             assert at_kill.get(key) == score, (key, score, at_kill.get(key))
 
     resumed = subprocess.run([sys.executable, "-c", DRIVER, str(root), "resume", ",".join(REGRADE)], cwd=root,
                              env=env, capture_output=True, text=True, timeout=7200)
     assert "FINISHED" in resumed.stdout, resumed.stderr[-3000:]
     regraded = {tuple(line.split()[1:3]) for line in resumed.stdout.splitlines() if line.startswith("DONE")}
-    assert not (regraded & set(done)), "the re-run must not grade again what was finished"
-    assert set(done) | regraded == set(pairs), (sorted(done), sorted(regraded), pairs)
+    assert not (regraded & finished), "the re-run must not grade again what was finished"
+    assert regraded == set(pairs) - finished, (sorted(finished), sorted(regraded), pairs)
     after = {k: v for k, v in _cell_scores(root, db_url).items() if k[1] in REGRADE}
     assert after == first, {k: (first.get(k), after.get(k)) for k in set(first) | set(after)
                             if first.get(k) != after.get(k)}

@@ -7,6 +7,8 @@
     .venv/bin/python tools/trust_report.py --keep DIR      # grade in DIR/course and keep it
     .venv/bin/python tools/trust_report.py --from DIR/course   # only re-render from a course graded with --keep
 
+Writing the default report also replaces the case table in README.md with the same table.
+
 Each case runs through the real pipeline in a private copy of the course: collect -> integrity
 pre-flight -> ``nbgrader autograde`` (one process per student) -> integrity overrides ->
 ``nbgrader generate_feedback`` -> export. The table is produced from the gradebook, the integrity
@@ -34,6 +36,40 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+TABLE_HEADER = "| case | student | what the grader did | resulting grade | as expected |"
+
+
+def case_table(cases, verdicts) -> list[str]:
+    """The Markdown table (header, rule, one row per case) shared by the report and README.md."""
+    lines = [TABLE_HEADER, "|---|---|---|---|---|"]
+    for case, v in zip(cases, verdicts):
+        score, total = v.total
+        zeros = [k.split("/")[1] for k in case.zero]
+        grade = f"{score:g} / {total:g}" if total else "0 (nothing gradable)"
+        if zeros:
+            grade += f"; 0 on {', '.join(zeros)}"
+        ok = "yes" if v.ok else "NO: " + "; ".join(v.problems)
+        lines.append(f"| {_md(case.title)} | `{_md(case.student)}` | {_md(v.action())} | {_md(grade)} | {_md(ok)} |")
+    return lines
+
+
+def table_in(text: str) -> list[str]:
+    """The case table found in a Markdown text (the lines from its header to the first non-row)."""
+    lines = text.splitlines()
+    start = lines.index(TABLE_HEADER)
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return lines[start:end]
+
+
+def update_readme(readme: Path, table: list[str]) -> None:
+    """Replace the case table in README.md's trust section with ``table``."""
+    text = readme.read_text(encoding="utf-8")
+    old = "\n".join(table_in(text))
+    readme.write_text(text.replace(old, "\n".join(table), 1), encoding="utf-8")
+
+
 def render(cases, verdicts, run, seconds: float, workers: int | None) -> str:
     lines = [
         "# Trust report: hostile and broken submissions",
@@ -53,17 +89,8 @@ def render(cases, verdicts, run, seconds: float, workers: int | None) -> str:
         "Unless a case says otherwise the target is `ppo_objective/01_clipped_objective.ipynb` and the "
         "assignment's second notebook was not submitted (so it scores 0 and is listed as missing).",
         "",
-        "| case | student | what the grader did | resulting grade | as expected |",
-        "|---|---|---|---|---|",
     ]
-    for case, v in zip(cases, verdicts):
-        score, total = v.total
-        zeros = [k.split("/")[1] for k in case.zero]
-        grade = f"{score:g} / {total:g}" if total else "0 (nothing gradable)"
-        if zeros:
-            grade += f"; 0 on {', '.join(zeros)}"
-        ok = "yes" if v.ok else "NO: " + "; ".join(v.problems)
-        lines.append(f"| {_md(case.title)} | `{_md(case.student)}` | {_md(v.action())} | {_md(grade)} | {_md(ok)} |")
+    lines += case_table(cases, verdicts)
     lines += ["", "## What each case does", ""]
     for case in cases:
         lines.append(f"* `{case.student}` ({case.assignment}): {case.attack}.")
@@ -124,6 +151,8 @@ def main(argv=None) -> int:
 def _write(out: Path, text: str, verdicts) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
+    if out.resolve() == (ROOT / "docs" / "trust_report.md").resolve():
+        update_readme(ROOT / "README.md", table_in(text))  # the same table, in README.md
     bad = [v for v in verdicts if not v.ok]
     print(f"wrote {out}: {len(verdicts)} cases, {len(bad)} not as expected")
     for v in bad:

@@ -221,7 +221,7 @@ def db_identity(db_url: str) -> str:
     """A password-free, option-free name of a gradebook, used to tie run records to it."""
     from sqlalchemy.engine import make_url
 
-    url = make_url(db_url)
+    url = make_url(normalise_db_url(db_url))
     url = url.set(query={})
     return url.render_as_string(hide_password=True)
 
@@ -303,6 +303,53 @@ def is_completed(course: Course, assignment: str, student: str, db_url: str,
     if submitted_in_db is not None and student not in submitted_in_db:
         return False
     return True
+
+
+def begin_record(course: Course, assignment: str, student: str, db_url: str) -> dict:
+    """Start one autograde attempt: end an orphaned earlier attempt, write a ``running`` record.
+
+    The attempt number grows while the previous record still says ``running`` (that attempt never
+    finished: its process was killed). The record ties the attempt to this gradebook
+    (:func:`db_identity`) and this submission (:func:`submission_fingerprint`). Used by the
+    parallel tasks and the sequential pipeline alike, so either can resume the other's run.
+    """
+    prev = read_record(course, assignment, student)
+    _reap_previous_attempt(prev)
+    attempt = int(prev.get("attempt", 0)) + 1 if prev and prev.get("state") == "running" else 1
+    record = {
+        "student": student, "assignment": assignment, "state": "running", "attempt": attempt,
+        "host": socket.gethostname(), "worker_pid": os.getpid(), "child_pid": None,
+        "child_create_time": None, "started": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "db": db_identity(db_url), "fingerprint": submission_fingerprint(course, assignment, student),
+    }
+    write_record(course, assignment, student, record)
+    return record
+
+
+def note_child(course: Course, assignment: str, student: str, record: dict, pid: int) -> None:
+    """Remember the attempt's nbgrader process, so a later attempt can end it if it is orphaned."""
+    try:
+        import psutil
+
+        record["child_pid"] = pid
+        record["child_create_time"] = psutil.Process(pid).create_time()
+        write_record(course, assignment, student, record)
+    except Exception:  # noqa: BLE001 - the child may already be gone; the record is best effort
+        pass
+
+
+def finish_record(course: Course, assignment: str, student: str, record: dict, *, state: str,
+                  seconds: float, returncode: int | None, reason: str) -> dict:
+    """Close an attempt: ``state`` is ``done`` (graded to the end) or ``failed`` (see ``reason``).
+
+    Written only after nbgrader has exited, so ``done`` means every notebook's grades are in the
+    gradebook (nbgrader writes a notebook into ``autograded/`` before running it, so the files alone
+    do not say that).
+    """
+    record.update(state=state, seconds=round(seconds, 3), returncode=returncode, reason=reason,
+                  child_pid=None, finished=_dt.datetime.now(_dt.timezone.utc).isoformat())
+    write_record(course, assignment, student, record)
+    return record
 
 
 # ----------------------------------------------------------------------------------------------
@@ -437,18 +484,9 @@ def autograde_student(spec: TaskSpec, student: str) -> dict:
     gradebook lock or connection problem (the caller retries once).
     """
     course, assignment = spec.course, spec.assignment
-    prev = read_record(course, assignment, student)
-    _reap_previous_attempt(prev)
-    attempt = int(prev.get("attempt", 0)) + 1 if prev and prev.get("state") == "running" else 1
-    fingerprint = submission_fingerprint(course, assignment, student)
     started = time.time()
-    record = {
-        "student": student, "assignment": assignment, "state": "running", "attempt": attempt,
-        "host": socket.gethostname(), "worker_pid": os.getpid(), "child_pid": None,
-        "child_create_time": None, "started": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "db": db_identity(spec.db_url), "fingerprint": fingerprint,
-    }
-    write_record(course, assignment, student, record)
+    record = begin_record(course, assignment, student, spec.db_url)
+    attempt = record["attempt"]
     log_file = log_path(course, assignment, student)
     cmd = _pdeathsig_prefix() + nbgrader_command(assignment, student, spec.db_url)
     returncode: int | None = None
@@ -459,13 +497,7 @@ def autograde_student(spec: TaskSpec, student: str) -> dict:
         proc = subprocess.Popen(cmd, cwd=course.root, env=grading_env(course, spec.db_url),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        try:
-            import psutil
-            record["child_pid"] = proc.pid
-            record["child_create_time"] = psutil.Process(proc.pid).create_time()
-            write_record(course, assignment, student, record)
-        except Exception:  # the child may already be gone; the record is best effort
-            pass
+        note_child(course, assignment, student, record, proc.pid)
         try:
             returncode = proc.wait(timeout=spec.timeout)
         except subprocess.TimeoutExpired:
@@ -487,15 +519,13 @@ def autograde_student(spec: TaskSpec, student: str) -> dict:
         status, reason = "failed", "nbgrader wrote no autograded notebook (nbgrader exit 0)"
     else:
         status, reason = "failed", failure_reason(output, returncode)
-    record.update(state="done" if status == "graded" else "failed", seconds=round(seconds, 3),
-                  returncode=returncode, reason=reason, child_pid=None,
-                  finished=_dt.datetime.now(_dt.timezone.utc).isoformat())
     if status == "failed" and not timed_out and any(p in output for p in _TRANSIENT_PATTERNS):
-        record["state"] = "running"  # keeps the attempt count for the retry
-        record["reason"] = "transient gradebook error: " + reason
-        write_record(course, assignment, student, record)
+        # state stays 'running': keeps the attempt count for the retry
+        finish_record(course, assignment, student, record, state="running", seconds=seconds,
+                      returncode=returncode, reason="transient gradebook error: " + reason)
         raise TransientGradebookError(f"{student}: {reason}")
-    write_record(course, assignment, student, record)
+    finish_record(course, assignment, student, record, state="done" if status == "graded" else "failed",
+                  seconds=seconds, returncode=returncode, reason=reason)
     return {"student": student, "assignment": assignment, "status": status, "seconds": seconds,
             "returncode": returncode, "reason": reason, "attempt": attempt,
             "host": record["host"], "worker_pid": os.getpid(), "log": log_file,

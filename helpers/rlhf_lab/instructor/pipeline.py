@@ -49,7 +49,8 @@ DEFAULT_STUDENT_TIMEOUT = float(os.environ.get("RLHF_STUDENT_TIMEOUT", "900"))
 REPORT_NAME = "grading_report.json"
 #: Outputs of the pipeline inside the course root (all gitignored; ``autograded/.gitkeep`` stays).
 OUTPUTS = ("submitted", "autograded", "feedback", "gradebook.db", "grades.csv", REPORT_NAME,
-           "integrity")  # [trust] integrity/<assignment>.json and integrity/quarantine/
+           "integrity",  # [trust] integrity/<assignment>.json and integrity/quarantine/
+           ".autograde_runs")  # [trust] one run record per student and assignment (resume)
 
 
 class PipelineError(RuntimeError):
@@ -155,11 +156,13 @@ def nbgrader_command() -> list[str]:
 
 
 def run_nbgrader(args: Sequence[str], root=None, db_url: str | None = None,
-                 timeout: float | None = None, extra_env: dict | None = None) -> CommandRun:
+                 timeout: float | None = None, extra_env: dict | None = None,
+                 started=None) -> CommandRun:
     """Run nbgrader (:func:`nbgrader_command`) with ``args`` in the course root; never raises on failure.
 
     The command gets its own process group; on ``timeout`` the whole group (nbgrader and the
-    kernels it started) is killed and the run is marked ``timed_out``.
+    kernels it started) is killed and the run is marked ``timed_out``. ``started(pid)``, when
+    given, is called once the process exists.
     """
     root = course_root(root)
     cmd = [*nbgrader_command(), *map(str, args)]
@@ -167,6 +170,13 @@ def run_nbgrader(args: Sequence[str], root=None, db_url: str | None = None,
     proc = subprocess.Popen(cmd, cwd=root, env=nbgrader_env(root, db_url, extra_env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", start_new_session=True)
+    if started is not None:
+        try:
+            started(proc.pid)
+        except BaseException:
+            _kill_group(proc)
+            proc.communicate()
+            raise
     timed_out = False
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -440,9 +450,16 @@ def autograde_student(assignment: str, student: str, root=None, db_url: str | No
     Never raises for a bad submission: failures come back as ``ok=False`` with a ``reason``.
     Arguments and result are plain data, so this can run as a Dask task.
     """
+    from . import parallel  # the run records (shared with the parallel command; no JAX import)
+
     timeout = DEFAULT_STUDENT_TIMEOUT if timeout is None else timeout
+    course = parallel.load_course(course_root(root), db_url or default_db_url(root))
+    # [trust] a 'running' record now, 'done' only after nbgrader exits: a run killed in the middle
+    # leaves 'running', and the re-run grades this student again (see pending())
+    record = parallel.begin_record(course, assignment, student, course.db_url)
     args = ["autograde", assignment, "--student", student] + (["--force"] if force else [])
-    run = run_nbgrader(args, root, db_url, timeout=timeout)
+    run = run_nbgrader(args, root, db_url, timeout=timeout,
+                       started=lambda pid: parallel.note_child(course, assignment, student, record, pid))
     notes = []
     for warning in run.warnings():
         for needle, why in _NOTE_PATTERNS:
@@ -453,6 +470,10 @@ def autograde_student(assignment: str, student: str, root=None, db_url: str | No
         notes.extend(_cell_timeouts(dest))
     ok = run.ok and dest.is_dir()
     reason = "" if ok else (_reason(run) if not run.ok else "nbgrader wrote no autograded folder")
+    with open(parallel.log_path(course, assignment, student), "w", encoding="utf-8", errors="replace") as log:
+        log.write("$ nbgrader " + " ".join(args) + "\n" + run.output)
+    parallel.finish_record(course, assignment, student, record, state="done" if ok else "failed",
+                           seconds=run.seconds, returncode=run.returncode, reason=reason)
     tail = "\n".join(run.output.splitlines()[-40:])
     return StudentRun(student, assignment, ok, round(run.seconds, 3), run.returncode, reason, notes, tail)
 
@@ -480,33 +501,30 @@ def autograde(assignment: str, student: str | Iterable[str] | None = None, root=
 
 
 def pending(assignment: str, root=None, db_url: str | None = None) -> list[str]:
-    """Submitted students whose assignment has no autograded folder or no submission in the gradebook."""
-    from nbgrader.api import Gradebook, MissingEntry
+    """Submitted students whose last autograde of this submission into this gradebook did not finish.
+
+    [trust] Finished means: the student's run record (``.autograde_runs/<assignment>/``, written by
+    :func:`autograde_student` and by the parallel command) says ``done`` for this gradebook and for
+    exactly the submitted files, the autograded notebooks exist and the gradebook has the
+    submission. Files in ``autograded/`` alone prove nothing: nbgrader writes each notebook there
+    before running it, so a run killed in the middle of a notebook leaves it with empty grades.
+    """
+    from nbgrader.api import Gradebook
+
+    from . import parallel
 
     root = course_root(root)
-    todo = []
-    graded = set()
+    db_url = db_url or default_db_url(root)
+    students = submitted_students(assignment, root)
+    in_db: set[str] = set()
     try:
         ensure_venv_on_path()
-        with Gradebook(db_url or default_db_url(root), COURSE_ID) as gb:
-            for sid in submitted_students(assignment, root):
-                try:
-                    gb.find_submission(assignment, sid)
-                    graded.add(sid)
-                except MissingEntry:
-                    pass
-    except Exception:  # noqa: BLE001 - no gradebook yet: everything is pending
-        graded = set()
-    # [trust] a run killed in the middle of a student leaves a partial autograded folder: the student
-    # counts as done only when every submitted notebook of the assignment has been autograded.
-    release = {p.name for p in (root / "release" / assignment).glob("*.ipynb")}
-    for sid in submitted_students(assignment, root):
-        dest = root / "autograded" / sid / assignment
-        expected = {p.name for p in (root / "submitted" / sid / assignment).glob("*.ipynb")} & release
-        done = dest.is_dir() and all((dest / name).exists() for name in expected)
-        if sid not in graded or not done:
-            todo.append(sid)
-    return todo
+        with Gradebook(db_url, COURSE_ID) as gb:
+            in_db = {s.student.id for s in gb.find_assignment(assignment).submissions}
+    except Exception:  # noqa: BLE001 - no gradebook or no such assignment yet: everything is pending
+        in_db = set()
+    course = parallel.load_course(root, db_url)
+    return [sid for sid in students if not parallel.is_completed(course, assignment, sid, course.db_url, in_db)]
 
 
 # ---------------------------------------------------------------------------------------- feedback
