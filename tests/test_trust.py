@@ -337,10 +337,16 @@ def test_hostile_case_is_graded_as_expected(hostile_run, case):
 
 @pytest.mark.slow
 def test_committed_trust_report_says_what_the_grader_does_now(hostile_run):
-    """docs/trust_report.md's case table, rendered again from this run of the hostile class, is unchanged"""
+    """docs/trust_report.md's case table, rendered again from this run of the hostile class, is unchanged
+    (up to the numbers drawn fresh by the hidden tests)"""
+    import re
+
+    def masked(rows):  # the hidden tests draw fresh inputs every run: their numbers in messages vary
+        return [re.sub(r"-?\d+\.\d+(e[-+]?\d+)?", "<x>", row) for row in rows]
+
     tool = _trust_report_tool()
-    now = tool.case_table(CASES, [hostile.verdict(c, hostile_run) for c in CASES])
-    committed = tool.table_in((REPO / "docs" / "trust_report.md").read_text(encoding="utf-8"))
+    now = masked(tool.case_table(CASES, [hostile.verdict(c, hostile_run) for c in CASES]))
+    committed = masked(tool.table_in((REPO / "docs" / "trust_report.md").read_text(encoding="utf-8")))
     changed = [(old, new) for old, new in zip(committed, now) if old != new]
     assert now == committed, "docs/trust_report.md is stale (run tools/trust_report.py):\n" + "\n".join(
         f"- {old}\n+ {new}" for old, new in changed[:5])

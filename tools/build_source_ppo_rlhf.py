@@ -331,7 +331,8 @@ def nb01_cells():
             "preference_loss matches the reference Bradley-Terry loss (value and gradient) on fresh random pairs",
             visible="""
                 # a zero margin costs log 2 per pair
-                assert abs(float(preference_loss(jnp.zeros(2), jnp.ones((3, 2)), jnp.zeros((3, 2)))) - np.log(2.0)) < 1e-6
+                assert abs(float(preference_loss(jnp.zeros(2), jnp.ones((3, 2)), jnp.zeros((3, 2)))) - np.log(2.0)) < 1e-6, (
+                    "with w = 0 every margin is 0, so the loss must be log 2 = 0.6931 (softplus(0), averaged over pairs)")
                 """,
             hidden=_hidden(DIAGNOSE, '''
                 rng = grading.rng("preference_loss")
@@ -447,7 +448,8 @@ def nb01_cells():
             "per-sample terms equal min(rho*A, clip(rho)*A) for both signs of A, ratios below, inside and above the band",
             visible="""
                 # a ratio inside the band is not clipped, whatever the sign of A
-                assert abs(one_sample_term(ppo_loss, 1.1, -1.0, 0.2) - (-1.1)) < 1e-5
+                assert abs(one_sample_term(ppo_loss, 1.1, -1.0, 0.2) - (-1.1)) < 1e-5, (
+                    "ratio 1.1 is inside the band [0.8, 1.2], so with A = -1 the surrogate term must be rho*A = -1.1")
                 """,
             hidden=_hidden(DIAGNOSE, ONE_SAMPLE_TERM, '''
                 rng = grading.rng("clip_both_signs")
@@ -482,7 +484,8 @@ def nb01_cells():
                 # at the reference, with ratios of 1 and zero advantages, the loss is exactly 0
                 _logp = jax.nn.log_softmax(jnp.array([0.2, 0.0, -0.2]))
                 assert float(ppo_loss(jnp.array([0.2, 0.0, -0.2]), _logp[jnp.array([0, 2])], jnp.array([0, 2]),
-                                      jnp.zeros(2), _logp, 0.5, 0.2)) == 0.0
+                                      jnp.zeros(2), _logp, 0.5, 0.2)) == 0.0, (
+                    "at the reference with zero advantages both terms vanish: the loss must be exactly 0.0")
                 """,
             hidden=_hidden(DIAGNOSE, PPO_BATCH, '''
                 rng = grading.rng("kl_term")
@@ -518,7 +521,8 @@ def nb01_cells():
             visible="""
                 _g = jax.grad(ppo_loss)(jnp.array([0.2, 0.0, -0.2]), jnp.log(jnp.array([0.3, 0.3])), jnp.array([0, 1]),
                                         jnp.array([1.0, -1.0]), jax.nn.log_softmax(jnp.zeros(3)), 0.1, 0.2)
-                assert _g.shape == (3,) and bool(jnp.all(jnp.isfinite(_g)))
+                assert _g.shape == (3,) and bool(jnp.all(jnp.isfinite(_g))), (
+                    f"jax.grad of ppo_loss w.r.t. the 3 logits must be 3 finite numbers, got {_g}")
                 """,
             hidden=_hidden(DIAGNOSE, PPO_BATCH, '''
                 rng = grading.rng("ppo_value_grad")
@@ -665,7 +669,8 @@ def nb02_cells():
             "test_fit_reward_lesson", 2,
             "100 steps at lr 0.1 on the lesson's preferences give the recorded rewards [1.9811294, 0.327278, -2.3084073]",
             visible="""
-                np.testing.assert_allclose(np.asarray(rewards), [1.9811294, 0.327278, -2.3084073], atol=1e-5)
+                np.testing.assert_allclose(np.asarray(rewards), [1.9811294, 0.327278, -2.3084073], atol=1e-5,
+                                           err_msg="the lesson's fitted rewards (100 steps, learning rate 0.1, w from 0)")
                 """,
             hidden='''
                 R = grading.reference
@@ -695,7 +700,8 @@ def nb02_cells():
             visible="""
                 _w, _r = fit_reward_model(np.eye(3, 2, dtype=np.float32), np.array([0]), np.array([1]), steps=1,
                                           learning_rate=1.0)
-                np.testing.assert_allclose(np.asarray(_w), [0.5, -0.5], atol=1e-6)  # one step from w = 0
+                np.testing.assert_allclose(np.asarray(_w), [0.5, -0.5], atol=1e-6,  # one step from w = 0
+                                           err_msg="one gradient step from w = 0: w <- w - learning_rate * grad")
                 """,
             hidden='''
                 R = grading.reference
@@ -771,7 +777,8 @@ def nb02_cells():
             visible="""
                 assert np.array_equal(ref_logp, ref_before), (
                     "the reference changed when theta was updated in place: return an independent copy")
-                np.testing.assert_allclose(ref_logp, jax.nn.log_softmax(jnp.array([0.2, 0.0, -0.2])), atol=1e-6)
+                np.testing.assert_allclose(ref_logp, jax.nn.log_softmax(jnp.array([0.2, 0.0, -0.2])), atol=1e-6,
+                                           err_msg="the reference is log_softmax of the initial logits [0.2, 0.0, -0.2]")
                 """,
             hidden='''
                 rng = grading.rng("reference_snapshot")
@@ -871,7 +878,8 @@ def nb03_cells():
                 _new = rollout_update(jnp.asarray(init_logits), jax.random.key(0), rewards,
                                       jax.nn.log_softmax(jnp.asarray(init_logits)), batch_size=32, epochs=2, beta=0.2,
                                       epsilon=0.2, learning_rate=0.15)
-                assert np.shape(_new) == (3,) and bool(np.all(np.isfinite(np.asarray(_new))))
+                assert np.shape(_new) == (3,) and bool(np.all(np.isfinite(np.asarray(_new)))), (
+                    f"rollout_update must return the 3 updated logits (finite numbers), got {_new}")
                 """,
             hidden=_hidden(TRUSTED_UPDATE, FRESH_UPDATE_INPUTS, NB3_FORBID, '''
                 rng = grading.rng("rollout_update_fresh")
@@ -1011,7 +1019,8 @@ def nb03_cells():
             "run_ppo chains rollouts: one fresh subkey per rollout, a fixed reference, each output fed into the next rollout, exact reward and KL recorded",
             visible="""
                 _out = run_ppo(rewards, init_logits, iterations=2, batch_size=8, epochs=1)
-                assert len(_out["reward"]) == 2 and len(_out["kl"]) == 2 and np.shape(_out["probs"]) == (2, 3)
+                assert len(_out["reward"]) == 2 and len(_out["kl"]) == 2 and np.shape(_out["probs"]) == (2, 3), (
+                    "with iterations=2, run_ppo must record one reward, one KL and one probability row per rollout")
                 """,
             hidden=_hidden(NB3_FORBID, '''
                 R = grading.reference
@@ -1187,7 +1196,8 @@ def nb04_cells():
             "test_clip_directions", 2,
             "the terms for (1.5, 2) and (0.5, -2) are [2.4, -1.6], and fresh ratios of both advantage signs match min(rho*A, clip(rho)*A)",
             visible="""
-                np.testing.assert_allclose(np.asarray(terms), [2.4, -1.6], atol=1e-6)
+                np.testing.assert_allclose(np.asarray(terms), [2.4, -1.6], atol=1e-6,
+                                           err_msg="signed clipped terms for (rho, A) = (1.5, 2) and (0.5, -2)")
                 """,
             hidden=_hidden(DIAGNOSE, '''
                 FORBID = ("clipped_surrogate", "ppo_loss")
@@ -1276,7 +1286,9 @@ def nb04_cells():
             "test_score_terms", 2,
             "for fresh logits, rewards and several baselines the rows equal pi(a)(r(a)-c)(e_a - pi) and sum to the exact reward gradient",
             visible="""
-                np.testing.assert_allclose(enumerated, np.tile(exact, (len(baselines), 1)), atol=1e-6)
+                np.testing.assert_allclose(enumerated, np.tile(exact, (len(baselines), 1)), atol=1e-6,
+                                           err_msg="for every baseline c the summed score terms must equal the exact "
+                                                   "reward gradient (a baseline changes the variance, not the mean)")
                 """,
             hidden=_hidden(DIAGNOSE, '''
                 R = grading.reference
@@ -1332,7 +1344,9 @@ def nb04_cells():
             "test_zero_kl", 2,
             "KL at the reference is exactly 0.0, the trained policy's KL is larger (0.7824773), exact_kl matches the reference KL on fresh pairs",
             visible="""
-                assert zero_kl == 0.0 and final_kl > zero_kl
+                assert zero_kl == 0.0 and final_kl > zero_kl, (
+                    f"KL of the reference against itself must be exactly 0.0 and the trained policy's larger; "
+                    f"got zero_kl = {zero_kl}, final_kl = {final_kl}")
                 """,
             hidden=_hidden(DIAGNOSE, '''
                 R = grading.reference
@@ -1414,7 +1428,7 @@ def nb04_cells():
             "on fresh prompts the loss and its gradient w.r.t. logits equal the single-prompt reference loss averaged over prompts",
             visible="""
                 assert np.shape(multi_prompt_ppo_loss(batch_logits, batch_old, batch_actions, batch_adv, batch_ref,
-                                                      0.2, 0.2)) == ()
+                                                      0.2, 0.2)) == (), "the loss must be one number (a scalar)"
                 """,
             hidden=_hidden(DIAGNOSE, '''
                 R = grading.reference

@@ -423,7 +423,7 @@ def failure_reason(output: str, returncode: int | None) -> str:
 
         reason = _reason(CommandRun([], returncode if returncode is not None else -1, 0.0, output))
         if reason and not reason.startswith("nbgrader exited with code"):
-            return f"{reason} (nbgrader exit {returncode})"
+            return reason  # the same words as the sequential pipeline (reports compare equal)
     except ImportError:  # pipeline without that helper: fall back to our own parsing
         pass
     errors: list[str] = []
@@ -516,7 +516,7 @@ def autograde_student(spec: TaskSpec, student: str) -> dict:
     elif returncode == 0 and autograded_notebooks(course, assignment, student):
         status, reason = "graded", ""
     elif returncode == 0:
-        status, reason = "failed", "nbgrader wrote no autograded notebook (nbgrader exit 0)"
+        status, reason = "failed", "nbgrader wrote no autograded notebook"
     else:
         status, reason = "failed", failure_reason(output, returncode)
     if status == "failed" and not timed_out and any(p in output for p in _TRANSIENT_PATTERNS):

@@ -468,8 +468,8 @@ def autograde_student(assignment: str, student: str, root=None, db_url: str | No
     dest = course_root(root) / "autograded" / student / assignment
     if run.ok:
         notes.extend(_cell_timeouts(dest))
-    ok = run.ok and dest.is_dir()
-    reason = "" if ok else (_reason(run) if not run.ok else "nbgrader wrote no autograded folder")
+    ok = run.ok and dest.is_dir() and any(dest.glob("*.ipynb"))
+    reason = "" if ok else (_reason(run) if not run.ok else "nbgrader wrote no autograded notebook")
     with open(parallel.log_path(course, assignment, student), "w", encoding="utf-8", errors="replace") as log:
         log.write("$ nbgrader " + " ".join(args) + "\n" + run.output)
     parallel.finish_record(course, assignment, student, record, state="done" if ok else "failed",
