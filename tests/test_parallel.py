@@ -249,6 +249,7 @@ def test_dask_grader_plugs_into_the_sequential_pipeline(monkeypatch):
     runs = parallel.dask_grader(workers=3)("a1", ["s1"], "/course", "sqlite:///g.db", False)
     assert seen["students"] == ["s1"] and seen["workers"] == 3 and seen["force"] is False
     assert seen["root"] == "/course" and seen["db_url"] == "sqlite:///g.db"
+    assert seen["preflight"] is False  # run_class ran it before handing over the students
     assert runs == [StudentRun("s1", "a1", False, 1.5, 1, "the kernel died", ["n"], "t")]
 
 

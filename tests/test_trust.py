@@ -12,7 +12,10 @@ Slow tests grade for real:
   pre-flight -> ``nbgrader autograde`` (one process per student) -> integrity overrides ->
   ``generate_feedback`` -> export, in a private copy of the course. Each case is then checked
   against its expectations (``hostile.verdict``): the autograder's own score, the final score,
-  the integrity findings and the runtime defence's message.
+  the integrity findings and the runtime defence's message. The students are fanned out on the
+  parallel command's Dask grader (``RLHF_TRUST_WORKERS``, default 2; 0 = the sequential loop),
+  while ``docs/trust_report.md`` comes from the sequential loop: the report test proves both
+  paths treat every case the same.
 * the bundled example class (``bundled_class_run``, graded once per session by course_support) is
   graded a second time from scratch in a fresh course copy; that run is killed after two students
   (every process of it, SIGKILL), the grades already written are checked, the run is resumed (it
@@ -312,7 +315,7 @@ def hostile_run(tmp_path_factory):
     os.environ["RLHF_CELL_TIMEOUT"] = CELL_TIMEOUT
     os.environ["RLHF_KERNEL_MEMORY_MB"] = "4096"
     grader = None
-    workers = int(os.environ.get("RLHF_TRUST_WORKERS", "0") or 0)
+    workers = int(os.environ.get("RLHF_TRUST_WORKERS", "2") or 0)
     if workers > 1:
         from rlhf_lab.instructor import parallel
 

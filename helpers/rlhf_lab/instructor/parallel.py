@@ -985,9 +985,11 @@ def dask_grader(*, workers: int | None = None, scheduler: str | None = None, cli
     parallel; the callable returns the pipeline's ``StudentRun`` list.
     """
     def grader(assignment, students, root, db_url, force):
+        # run_class has run the integrity pre-flight (and removed the students it quarantined):
+        # a second one here would rewrite integrity/<assignment>.json for the remaining students only
         run = grade_class(assignment, root=root, db_url=db_url, students=list(students),
                           workers=workers, scheduler=scheduler, client=client, force=force,
-                          timeout=timeout, stream=stream)
+                          timeout=timeout, stream=stream, preflight=False)
         return [to_student_run(r) for r in run.results]
     return grader
 
