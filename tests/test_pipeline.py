@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -153,6 +154,48 @@ def test_validate_passes_on_source_and_fails_on_the_unchanged_release(course_tem
                 assert result.passed, f"nbgrader validate failed on {result.path}:\n{result.output[-3000:]}"
             else:
                 assert not result.passed and result.failed_cells > 0, result.output[-2000:]
+
+
+# ------------------------------------------------------------------------------ the demo command
+@pytest.mark.slow
+def test_demo_command_grades_prints_the_tables_and_resumes_only_what_is_unfinished(course_template_dir, tmp_path):
+    """`python -m rlhf_lab.demo` (what `make demo` runs) on a course copy, then `--resume` after an interruption"""
+    import shutil
+    import subprocess
+    import sys
+
+    from rlhf_lab.instructor import parallel
+
+    work = tmp_path / "course"
+    shutil.copytree(course_template_dir / ".cache", work / ".cache")  # the session's seeds (same key)
+    a, students = "ppo_objective", ["ada_correct", "cy_dropped_signed_min"]
+    cmd = [sys.executable, "-m", "rlhf_lab.demo", "--workdir", str(work), "--assignment", a]
+    cmd += [f"--student={s}" for s in students]
+    env = {k: v for k, v in os.environ.items() if k != "RLHF_COURSE_DB"}
+
+    def graded_lines(out):
+        return sorted(line.split()[2] for line in out.splitlines() if line.strip().startswith("autograded "))
+
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert graded_lines(first.stdout) == students, first.stdout
+    assert "Grades per student" in first.stdout and f"Per test cell: {a}" in first.stdout
+    grades = pipeline.read_grades(work, own_db(work))
+    tests = {s: [c for c in grades.by_cell(s, a).values() if c.kind == "test"] for s in students}
+    assert tests["ada_correct"] and all(c.score == c.max_score for c in tests["ada_correct"])
+    assert any(c.score < c.max_score for c in tests["cy_dropped_signed_min"])  # the mistake loses points
+    for s in students:
+        assert (work / "feedback" / s / a).is_dir()
+
+    # an interruption while cy was being graded: its record never got past 'running'
+    course = parallel.load_course(work, own_db(work))
+    record = parallel.read_record(course, a, "cy_dropped_signed_min")
+    parallel.write_record(course, a, "cy_dropped_signed_min", {**record, "state": "running"})
+    again = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=1800)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert graded_lines(again.stdout) == ["cy_dropped_signed_min"], again.stdout
+    assert pipeline.read_grades(work, own_db(work)).totals == grades.totals
+    assert "Grades per student" in again.stdout and "ada_correct" in again.stdout
 
 
 # ---------------------------------------------------------------------------- a broken submission

@@ -7,6 +7,10 @@ grade table per student and per test cell (read back from the gradebook).
 
 By default it runs in the repository (outputs are gitignored). ``--workdir DIR`` copies the course
 into DIR first and runs there, leaving the repository untouched.
+
+``--resume`` continues an interrupted run: outputs and the gradebook are kept, and only students
+whose run record (``.autograde_runs/``) does not say their nbgrader finished are graded; feedback,
+the CSV and the tables then cover everyone.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ def main(argv=None) -> int:
                         help="only this assignment (repeatable; default every graded assignment)")
     parser.add_argument("--student", action="append", dest="students", help="only this student (repeatable)")
     parser.add_argument("--db", help="gradebook URL (default sqlite:///<root>/gradebook.db)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted run: keep outputs, grade only unfinished students")
     args = parser.parse_args(argv)
 
     pipeline.ensure_venv_on_path()
@@ -52,8 +58,10 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     print(f"course root {root}\ngradebook   {db_url or pipeline.default_db_url(root)}\nsubmissions {subs}")
     print("generate -> collect -> autograde (one nbgrader process per student) -> feedback -> export")
+    resume = dict(fresh=False, force=False, regenerate=not _gradebook_has(root, db_url, args.assignments)) \
+        if args.resume else {}
     result = pipeline.run_class(subs, root=root, db_url=db_url, names=args.assignments,
-                                students=args.students, progress=progress)
+                                students=args.students, progress=progress, **resume)
     total = time.perf_counter() - start
     for (sid, a), why in sorted(result.collected.problems.items()):
         print(f"  not collected: {sid}/{a}: {why}")
@@ -67,6 +75,19 @@ def main(argv=None) -> int:
     steps = ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items())
     print(f"time:     {total:.1f} s in all ({steps})")
     return 0
+
+
+def _gradebook_has(root: Path, db_url: str | None, names) -> bool:
+    """Whether the gradebook already records every assignment to grade (else it must be generated)."""
+    from nbgrader.api import Gradebook
+
+    try:
+        with Gradebook(db_url or pipeline.default_db_url(root), pipeline.COURSE_ID) as gb:
+            for name in names or pipeline.graded_assignments(root):
+                gb.find_assignment(name)
+        return True
+    except Exception:  # noqa: BLE001 - no gradebook yet, or an assignment missing from it
+        return False
 
 
 if __name__ == "__main__":
