@@ -38,13 +38,19 @@ API
     A copy of a notebook with one cell's source replaced.
 ``mistakes()``
     ``{student_id: Mistake}`` of the bundled class (recipe, assignment, notebook, grade_id, fails).
+``load_module(path, name)``
+    A Python file that is not in a package (``tools/*.py``, ``examples/mistakes/*.py``) as a module.
+``kill_tree(proc) -> int``
+    SIGKILL a started process and everything it started (a crash of a whole run); how many died.
 
 pytest fixtures (session scope): ``course_template_dir``, ``bundled_class_run``.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -149,6 +155,33 @@ def mistakes() -> dict:
 
 def read_notebook(path: Path):
     return nbformat.read(path, as_version=4)
+
+
+def load_module(path: Path, name: str):
+    """The Python file at ``path`` (not part of a package) loaded as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def kill_tree(proc: subprocess.Popen) -> int:
+    """SIGKILL the process and everything it started (a crash of the whole run); returns how many."""
+    import psutil
+
+    try:
+        parent = psutil.Process(proc.pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return 0
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+    proc.wait(timeout=30)
+    return len(procs)
 
 
 @pytest.fixture(scope="session")

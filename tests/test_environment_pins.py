@@ -1,7 +1,6 @@
 """requirements.txt is the one place for pins: environment.yml is generated from it and cannot
 drift, the running environment matches it, and the editable package imports from helpers/."""
 import importlib.metadata
-import importlib.util
 import os
 import subprocess
 import sys
@@ -10,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from course_support import load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,10 +35,7 @@ def _pins() -> dict[str, str]:
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_environment_yml", ROOT / "tools" / "make_environment_yml.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "tools" / "make_environment_yml.py", "make_environment_yml")
 
 
 def test_requirements_are_exact_pins_and_cover_the_required_packages():

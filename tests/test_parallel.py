@@ -401,6 +401,7 @@ def test_crash_mid_run_then_rerun_grades_only_the_rest_and_hostile_ones_fail_alo
 @pytest.mark.timeout(900)
 def test_pipeline_killed_while_a_notebook_runs_grades_that_student_again(toy, tmp_path):
     """sequential pipeline killed mid-notebook: the half-graded student is pending and re-graded"""
+    from course_support import kill_tree
     from rlhf_lab.instructor import pipeline
 
     template, subs = toy
@@ -429,16 +430,7 @@ def test_pipeline_killed_while_a_notebook_runs_grades_that_student_again(toy, tm
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:  # the whole run dies: driver, nbgrader, kernel
-        try:
-            procs = psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]
-        except psutil.NoSuchProcess:
-            procs = []
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=30)
+        kill_tree(proc)
     first_out = proc.communicate()[0]
     assert marker.exists(), "the slow student's notebook never started:\n" + first_out
     assert "DONE correct" in first_out and "DONE slow" not in first_out, first_out

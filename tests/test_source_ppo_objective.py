@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import json
 import os
 import re
@@ -30,19 +29,14 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from course_support import load_module
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "source" / "ppo_objective"
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BUILD = _load("build_source_ppo_objective", ROOT / "tools" / "build_source_ppo_objective.py")
-RECIPES = _load("ppo_objective_mistakes", ROOT / "examples" / "mistakes" / "ppo_objective.py")
+BUILD = load_module(ROOT / "tools" / "build_source_ppo_objective.py", "build_source_ppo_objective")
+RECIPES = load_module(ROOT / "examples" / "mistakes" / "ppo_objective.py", "ppo_objective_mistakes")
 NOTEBOOKS = (BUILD.NB1, BUILD.NB2)
 DISPLAY_ONLY = {"show_table", "ex1_sweep", "show_capped", "show_kl", "show_beta"}
 

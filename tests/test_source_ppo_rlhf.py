@@ -17,7 +17,6 @@ tests.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import re
 from pathlib import Path
@@ -25,18 +24,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_support import load_module
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load(REPO / "tools" / "build_source_ppo_rlhf.py", "build_source_ppo_rlhf")
-recipes = _load(REPO / "examples" / "mistakes" / "ppo_rlhf.py", "ppo_rlhf_mistakes")
+build = load_module(REPO / "tools" / "build_source_ppo_rlhf.py", "build_source_ppo_rlhf")
+recipes = load_module(REPO / "examples" / "mistakes" / "ppo_rlhf.py", "ppo_rlhf_mistakes")
 
 NOTEBOOKS = build.build_notebooks()
 NAMES = list(NOTEBOOKS)

@@ -40,7 +40,7 @@ import nbformat
 import pytest
 
 from course_support import (  # noqa: F401  (fixtures are used by name)
-    REPO, bundled_class_run, course_template_dir, fresh_course, session_base,
+    REPO, bundled_class_run, course_template_dir, fresh_course, kill_tree, load_module, session_base,
 )
 from rlhf_lab.instructor import backup, feedback_filter, hostile, integrity, kernel_guard, pipeline
 
@@ -57,13 +57,7 @@ def test_committed_hostile_cases_equal_a_fresh_build():
 
 
 def _trust_report_tool():
-    """``tools/trust_report.py`` loaded as a module (``tools/`` is not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("trust_report", REPO / "tools" / "trust_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(REPO / "tools" / "trust_report.py", "trust_report")
 
 
 def test_readme_trust_table_is_the_committed_report_table():
@@ -559,25 +553,6 @@ def _cell_scores(root: Path, db_url: str) -> dict:
     return {(c.student, c.assignment, c.notebook, c.grade_id): c.score for c in g.cells}
 
 
-def _kill_tree(proc: subprocess.Popen) -> int:
-    """SIGKILL the process and everything it started (a crash of the whole run); returns how many."""
-    import psutil
-
-    try:
-        parent = psutil.Process(proc.pid)
-        procs = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        return 0
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
-    proc.wait(timeout=30)
-    return len(procs)
-
-
 @pytest.mark.slow
 def test_class_graded_again_killed_partway_and_resumed_gives_identical_grades(bundled_class_run, tmp_path,
                                                                              tmp_path_factory):
@@ -607,7 +582,7 @@ def test_class_graded_again_killed_partway_and_resumed_gives_identical_grades(bu
         time.sleep(6)  # let the next student's nbgrader get into the middle of its notebooks
         assert proc.poll() is None, "the class run finished before it could be killed"
     finally:
-        killed = _kill_tree(proc)
+        killed = kill_tree(proc)
         log.close()
     # a student may have finished during the sleep: its DONE line is still in the pipe, or was never
     # printed (the kill came between nbgrader writing its last notebook and the driver's print)

@@ -444,16 +444,18 @@ def _cell_timeouts(path: Path) -> list[str]:
 
 
 def autograde_student(assignment: str, student: str, root=None, db_url: str | None = None,
-                      force: bool = True, timeout: float | None = None) -> StudentRun:
+                      force: bool = True, timeout: float | None = None, course=None) -> StudentRun:
     """Autograde one student's assignment with its own ``nbgrader autograde`` process.
 
     Never raises for a bad submission: failures come back as ``ok=False`` with a ``reason``.
-    Arguments and result are plain data, so this can run as a Dask task.
+    Arguments and result are plain data, so this can run as a Dask task. ``course`` (the course's
+    :class:`~rlhf_lab.instructor.parallel.Course`, for the run records) is read from its config
+    when not given.
     """
     from . import parallel  # the run records (shared with the parallel command; no JAX import)
 
     timeout = DEFAULT_STUDENT_TIMEOUT if timeout is None else timeout
-    course = parallel.load_course(course_root(root), db_url or default_db_url(root))
+    course = course or parallel.load_course(course_root(root), db_url or default_db_url(root))
     # [trust] a 'running' record now, 'done' only after nbgrader exits: a run killed in the middle
     # leaves 'running', and the re-run grades this student again (see pending())
     record = parallel.begin_record(course, assignment, student, course.db_url)
@@ -491,9 +493,12 @@ def autograde(assignment: str, student: str | Iterable[str] | None = None, root=
         students = [student]
     else:
         students = list(student)
+    from . import parallel
+
+    course = parallel.load_course(course_root(root), db_url or default_db_url(root))  # read once
     runs = []
     for sid in students:
-        run = autograde_student(assignment, sid, root, db_url, force, timeout)
+        run = autograde_student(assignment, sid, root, db_url, force, timeout, course=course)
         runs.append(run)
         if progress is not None:
             progress(run)
@@ -516,7 +521,6 @@ def pending(assignment: str, root=None, db_url: str | None = None) -> list[str]:
     root = course_root(root)
     db_url = db_url or default_db_url(root)
     students = submitted_students(assignment, root)
-    in_db: set[str] = set()
     try:
         ensure_venv_on_path()
         with Gradebook(db_url, COURSE_ID) as gb:
