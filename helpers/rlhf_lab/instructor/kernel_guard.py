@@ -151,9 +151,15 @@ class LimitedKernelManager(AsyncKernelManager):
                 env.update(cc.kernel_env(copy))
         kw["env"] = env
         kw["preexec_fn"] = limits_preexec(self.memory_mb, self.file_mb)
+        kernel_cmd, kw = self.wrap_launch(list(kernel_cmd), kw)
         await super()._async_launch_kernel(kernel_cmd, **kw)
         provisioner = self.provisioner
         self._kernel_pgid = getattr(provisioner, "pgid", None)
+
+    def wrap_launch(self, kernel_cmd: list, kw: dict) -> tuple[list, dict]:
+        """Last step before the kernel process starts: subclasses (the sandbox, :mod:`.sandbox`)
+        rewrite the command and the ``Popen`` keywords here. This class changes nothing."""
+        return kernel_cmd, kw
 
     def kill_process_group(self) -> None:
         """SIGKILL the kernel's whole process group (the kernel and anything it spawned)."""
@@ -188,10 +194,26 @@ class Execute(_NbgraderExecute):
     kill_grace = Integer(5, help="Seconds to wait for a stuck kernel before killing it.").tag(config=True)
 
     def __init__(self, *args, **kwargs):
+        explicit = kwargs.get("kernel_manager_class")
         kwargs.setdefault("kernel_manager_class", LimitedKernelManager)
         super().__init__(*args, **kwargs)
+        # nbgrader's Execute passes its own default as a keyword, which would hide
+        # ``c.Execute.kernel_manager_class``: honour the configured class (nbgrader_config.py selects
+        # the sandboxed manager there), else the limited one.
+        configured = None
+        if explicit is None and "Execute" in self.config and "kernel_manager_class" in self.config.Execute:
+            configured = self.config.Execute.kernel_manager_class
+        self.kernel_manager_class = explicit or configured or LimitedKernelManager
         self._stopped: tuple[int, str] | None = None
         self._watchdog_killed = False
+
+    def create_kernel_manager(self):
+        """nbclient's manager, told which notebook it runs (the sandbox picks its library build)."""
+        km = super().create_kernel_manager()
+        name = (self.resources or {}).get("unique_key") if isinstance(self.resources, dict) else None
+        if name and km.has_trait("notebook_name"):
+            km.notebook_name = str(name)
+        return km
 
     async def _async_handle_timeout(self, timeout, cell=None):
         """Interrupt as nbgrader does; if the kernel is still busy ``kill_grace`` s later, kill it.
@@ -214,7 +236,12 @@ class Execute(_NbgraderExecute):
 
     def preprocess(self, nb, resources=None, km=None):
         self._stopped = None
-        nb, resources = super().preprocess(nb, resources, km)
+        try:
+            nb, resources = super().preprocess(nb, resources, km)
+        finally:
+            release = getattr(getattr(self, "km", None), "release_sandbox", None)
+            if release is not None:
+                release()
         if self._stopped is not None:
             index, reason = self._stopped
             resources.setdefault("kernel_stopped", {"cell": index, "reason": reason})

@@ -1,0 +1,736 @@
+"""Per-notebook builds of the course library for grading kernels, and a check for copied answers.
+
+A grading kernel runs in a sandbox (:mod:`.sandbox`) whose only copy of ``rlhf_lab`` is the
+**build** for the notebook it grades: the library without ``instructor/`` and without the functions
+that notebook asks students to implement. The definitions are physically absent from the files
+(not hidden at run time), so an answer cannot delegate to them whatever names it computes.
+
+* :data:`MANIFEST` is the one place that says which library functions each notebook's students
+  implement (``"<assignment>/<notebook>"`` -> names). Its entries come from the ``forbid=`` /
+  ``FORBID`` lists of the hidden tests in ``source/*/*.ipynb``; :func:`derive_manifest` reads
+  them again so a test can prove the two agree.
+* :func:`plan_build` decides what a build removes: the manifest's names, minus every function the
+  notebook's given code needs (directly or through other library functions), so a function a
+  later notebook uses as given code stays present in that notebook's build.
+* :func:`ensure_build` writes the build under ``<course>/.cache/library-builds/<hash>/rlhf_lab``
+  (cached by the content hash of the library and the removed names), removing each definition and
+  its re-exports by an AST-guided edit that keeps every other line where it was (so tracebacks
+  and JAX's compilation cache keys of the remaining code do not move), and verifies in a fresh
+  interpreter that the build imports and lacks what it must lack.
+* :func:`suspicious_copies` reports an answer cell whose function is a library reference function
+  up to names, comments, docstrings and formatting (normalised ASTs compared), for an instructor
+  to review; it runs in the grader, never in the kernel.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Bump when the build procedure changes (old cached builds are then ignored).
+BUILD_FORMAT = 1
+#: Builds live here, under the course root.
+BUILD_DIR = Path(".cache") / "library-builds"
+#: Library files that never go into a build (instructor tooling and command-line entry points).
+EXCLUDED = ("instructor", "demo.py", "lesson_cli.py", "__pycache__")
+
+#: notebook ("<assignment>/<notebook stem>") -> library functions its students implement.
+#: Derived from the hidden tests' ``forbid=`` / ``FORBID`` lists (``"*"`` stands for the task's own
+#: name when that is a library function); ``tests/test_library_build.py`` re-derives it from the
+#: source notebooks and fails when they disagree.
+MANIFEST: dict[str, tuple[str, ...]] = {
+    "ppo_objective/01_clipped_objective": ("clipped_surrogate",),
+    "ppo_objective/02_kl_penalty_and_review": ("categorical_kl", "regularised_objective"),
+    "ppo_rlhf/01_losses": ("ppo_loss", "preference_loss"),
+    "ppo_rlhf/02_reward_and_reference": ("_fit", "_lesson_rewards_np", "fit_reward", "lesson_rewards"),
+    "ppo_rlhf/03_rollouts": ("_rollout_update", "exact_advantages", "make_train", "run_lesson",
+                             "seed_style_train", "sweep_grid", "sweep_seeds", "train", "train_core"),
+    "ppo_rlhf/04_make_it_yours": ("categorical_kl", "clipped_surrogate", "enumerated_baseline_gradient",
+                                  "exact_reward_gradient", "optimal_logp", "ppo_loss",
+                                  "regularised_objective"),
+}
+
+
+def _require_dir(value, name: str) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ValueError(f"{name} must be a folder path (str or os.PathLike), got {value!r}")
+    path = Path(value)
+    if not path.is_dir():
+        raise ValueError(f"{name} must be an existing folder, got {str(path)!r}")
+    return path
+
+
+def _require_names(names, name: str) -> tuple[str, ...]:
+    if isinstance(names, str) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise ValueError(f"{name} must be a collection of Python identifiers, got {names!r}")
+    return tuple(sorted(set(names)))
+
+
+def notebook_key(assignment: str, notebook: str) -> str:
+    """The manifest key of ``notebook`` (a file name or stem) in ``assignment``."""
+    if not assignment or "/" in assignment or not notebook:
+        raise ValueError(f"assignment and notebook must be non-empty names without '/', "
+                         f"got {assignment!r}, {notebook!r}")
+    return f"{assignment}/{Path(notebook).stem}"
+
+
+def names_for(assignment: str, notebook: str | None, manifest: dict | None = None) -> tuple[str, ...]:
+    """Library functions removed for ``notebook`` of ``assignment`` (manifest lookup).
+
+    ``notebook=None`` (the kernel was not told which notebook it runs) gives the union over the
+    assignment's notebooks: stricter, never looser.
+    """
+    manifest = MANIFEST if manifest is None else manifest
+    if notebook:
+        return tuple(sorted(manifest.get(notebook_key(assignment, notebook), ())))
+    return tuple(sorted({n for key, names in manifest.items() if key.split("/")[0] == assignment
+                         for n in names}))
+
+
+# --- reading the source notebooks ------------------------------------------------------------------
+
+def _cells(notebook) -> list[dict]:
+    if isinstance(notebook, (str, os.PathLike)):
+        try:
+            notebook = json.loads(Path(notebook).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"notebook must be a readable .ipynb file, got {str(notebook)!r}: {exc}") from None
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+        raise ValueError("notebook must be a path to an .ipynb file or a notebook dict with 'cells'")
+    return notebook["cells"]
+
+
+def _source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def _nbgrader(cell: dict) -> dict:
+    return (cell.get("metadata") or {}).get("nbgrader") or {}
+
+
+def _literal_names(node) -> list[str] | None:
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None
+
+
+def forbidden_names(cell_source: str) -> tuple[set[str], set[str]]:
+    """(names, tasks with ``"*"``) of the ``forbid=`` / ``FORBID`` lists in one cell's code."""
+    try:
+        tree = ast.parse(cell_source)
+    except SyntaxError:
+        return set(), set()
+    consts: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            names = _literal_names(node.value)
+            if names is not None:
+                consts[node.targets[0].id] = names
+    found: set[str] = set()
+    star_tasks: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            kw = {k.arg: k.value for k in node.keywords if k.arg}
+        elif isinstance(node, ast.Dict):  # a task record such as {"task": ..., "forbid": (...)}
+            kw = {k.value: v for k, v in zip(node.keys, node.values)
+                  if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        else:
+            continue
+        if "forbid" not in kw:
+            continue
+        value = kw["forbid"]
+        names = consts.get(value.id) if isinstance(value, ast.Name) else _literal_names(value)
+        for name in names or ():
+            if name == "*":
+                task = _literal_names(kw["task"]) if "task" in kw else None
+                star_tasks.update(task or ())
+            else:
+                found.add(name)
+    return found, star_tasks
+
+
+def derive_manifest(root, library_dir=None) -> dict[str, tuple[str, ...]]:
+    """Re-derive :data:`MANIFEST` from ``<root>/source/*/*.ipynb`` (graded cells' hidden tests).
+
+    Names in a ``forbid`` list that are not library functions (private helpers of the notebooks)
+    are kept only when the library defines them; ``"*"`` maps to the task's own name when the
+    library defines a function of that name.
+    """
+    root = _require_dir(root, "root")
+    functions = set(name for _, name in library_functions(library_dir or _installed_library()))
+    out: dict[str, tuple[str, ...]] = {}
+    for path in sorted((root / "source").glob("*/*.ipynb")):
+        names: set[str] = set()
+        for cell in _cells(path):
+            if cell.get("cell_type") != "code" or not _nbgrader(cell).get("grade"):
+                continue
+            found, star_tasks = forbidden_names(_source(cell))
+            names |= found | {t for t in star_tasks if t in functions}
+        names &= functions
+        if names:
+            out[notebook_key(path.parent.name, path.name)] = tuple(sorted(names))
+    return out
+
+
+def given_names(notebook) -> set[tuple[str, str]]:
+    """Library names the notebook's given (non-answer) code uses: ``(module, name)`` pairs.
+
+    ``module`` is ``""`` for names imported from the package itself (``from rlhf_lab import x``).
+    """
+    used: set[tuple[str, str]] = set()
+    for cell in _cells(notebook):
+        if cell.get("cell_type") != "code" or _nbgrader(cell).get("solution"):
+            continue
+        try:
+            tree = ast.parse(_strip_magics(_source(cell)))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                    and (node.module == "rlhf_lab" or node.module.startswith("rlhf_lab.")):
+                module = node.module[len("rlhf_lab."):] if "." in node.module else ""
+                used.update((module, a.name) for a in node.names)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "rlhf_lab":
+                used.add((node.value.attr, node.attr))
+    return used
+
+
+def _strip_magics(source: str) -> str:
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+# --- the library's functions and what they need -----------------------------------------------------
+
+def _installed_library() -> Path:
+    """Folder of the installed ``rlhf_lab`` package (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("rlhf_lab")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the course library rlhf_lab is not installed in this environment")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _modules(library_dir: Path) -> dict[str, ast.Module]:
+    """Top-level modules of the library that go into builds: name ("" for ``__init__``) -> AST."""
+    out = {}
+    for path in sorted(library_dir.glob("*.py")):
+        if path.name in EXCLUDED:
+            continue
+        name = "" if path.stem == "__init__" else path.stem
+        out[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return out
+
+
+def library_functions(library_dir) -> set[tuple[str, str]]:
+    """Every top-level function ``(module, name)`` defined by the library's build modules."""
+    library_dir = _require_dir(library_dir, "library_dir")
+    return {(mod, node.name) for mod, tree in _modules(library_dir).items() for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _imports(tree: ast.Module) -> dict[str, tuple[str, str | None]]:
+    """Local name -> (module, name) for relative imports (name None: the module itself)."""
+    out: dict[str, tuple[str, str | None]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            for alias in node.names:
+                local = alias.asname or alias.name
+                out[local] = (node.module, alias.name) if node.module else (alias.name, None)
+    return out
+
+
+def _refs(node, imports: dict, module: str, defined: set[str]) -> set[tuple[str, str]]:
+    """Library ``(module, name)`` pairs a piece of code refers to (names and ``mod.attr``)."""
+    found: set[tuple[str, str]] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            if sub.id in defined:
+                found.add((module, sub.id))
+            elif sub.id in imports and imports[sub.id][1] is not None:
+                found.add(imports[sub.id])  # type: ignore[arg-type]
+        elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) \
+                and sub.value.id in imports and imports[sub.value.id][1] is None:
+            found.add((imports[sub.value.id][0], sub.attr))
+    return found
+
+
+def _resolve(pair: tuple[str, str], trees: dict[str, ast.Module], seen=None) -> tuple[str, str]:
+    """Follow re-exports (``from .ppo import f`` in ``__init__``) to the defining module."""
+    module, name = pair
+    seen = seen or set()
+    tree = trees.get(module)
+    if tree is None or pair in seen:
+        return pair
+    seen.add(pair)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return pair
+    target = _imports(tree).get(name)
+    if target is not None and target[1] is not None:
+        return _resolve(target, trees, seen)  # type: ignore[arg-type]
+    return pair
+
+
+def dependency_graph(library_dir) -> tuple[dict, dict]:
+    """(edges, roots): each top-level function or class -> library names it uses; roots: module ->
+    names its module-level code uses (needed whenever the module is imported)."""
+    library_dir = _require_dir(library_dir, "library_dir")
+    trees = _modules(library_dir)
+    edges: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    roots: set[tuple[str, str]] = set()
+    roots_by_module: dict[str, set[tuple[str, str]]] = {}
+    for module, tree in trees.items():
+        imports = _imports(tree)
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        def refs(node):
+            return {_resolve(p, trees) for p in _refs(node, imports, module, defined)}
+
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                edges[(module, node.name)] = refs(node) - {(module, node.name)}
+            elif isinstance(node, ast.ClassDef):
+                # what runs when the class statement runs is needed at import; method bodies only
+                # when something uses the class
+                at_import = [*node.bases, *node.keywords, *node.decorator_list]
+                methods = []
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        at_import += [*item.decorator_list, *item.args.defaults,
+                                      *[d for d in item.args.kw_defaults if d is not None]]
+                        methods.append(item)
+                    else:
+                        at_import.append(item)
+                for part in at_import:
+                    roots |= refs(part)
+                edges[(module, node.name)] = set().union(*map(refs, methods)) - {(module, node.name)} \
+                    if methods else set()
+            else:
+                roots |= refs(node)
+        roots_by_module[module] = roots
+        roots = set()
+    return edges, roots_by_module
+
+
+def _closure(start: set, edges: dict) -> set:
+    seen, stack = set(), list(start)
+    while stack:
+        item = stack.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        stack.extend(edges.get(item, ()))
+    return seen
+
+
+#: Modules every build has besides what the package imports: the notebooks' first cell imports
+#: ``grading``, which imports ``lesson`` (its ``_LIBRARY_MODULES``).
+ALWAYS_MODULES = ("grading", "lesson")
+
+
+def module_imports(library_dir) -> dict[str, set[str]]:
+    """Module -> library modules it imports at module level (``from .x import y``, ``from . import x``)."""
+    library_dir = _require_dir(library_dir, "library_dir")
+    trees = _modules(library_dir)
+    out: dict[str, set[str]] = {}
+    for module, tree in trees.items():
+        deps = set()
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    deps.add(node.module)
+                else:
+                    deps.update(a.name for a in node.names if a.name in trees)
+        out[module] = deps & set(trees)
+    return out
+
+
+def needed_modules(library_dir, given=()) -> tuple[str, ...]:
+    """Modules a build contains: the package, :data:`ALWAYS_MODULES`, the modules given code
+    imports, and everything those import. A module nothing needs is left out of the build."""
+    graph = module_imports(library_dir)
+    start = {"", *ALWAYS_MODULES, *(m for m, _ in given if m in graph)}
+    return tuple(sorted(_closure(start & set(graph), graph)))
+
+
+@dataclass
+class BuildPlan:
+    """What a build removes, and what it keeps although the manifest names it (given code needs it)."""
+    removed: tuple[tuple[str, str], ...]
+    kept_for_given_code: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()   # manifest names the library does not define
+    modules: tuple[str, ...] = ()   # modules in the build ("" is the package's __init__)
+
+
+def plan_build(library_dir, names, given=()) -> BuildPlan:
+    """Which definitions a build without ``names`` removes.
+
+    Every definition of a name in ``names`` goes (whatever module defines it), except those the
+    given code (``given``: ``(module, name)`` pairs, see :func:`given_names`) or module-level
+    library code needs, directly or through other library functions.
+    """
+    library_dir = _require_dir(library_dir, "library_dir")
+    names = _require_names(names, "names")
+    trees = _modules(library_dir)
+    edges, roots = dependency_graph(library_dir)
+    modules = needed_modules(library_dir, given)
+    functions = set(edges)
+    wanted = {pair for pair in functions if pair[1] in names and pair[0] in modules}
+    roots = set().union(*(roots.get(m, set()) for m in modules))
+    needed = _closure({_resolve(p, trees) for p in given} | roots, edges)
+    kept = sorted({name for _, name in wanted & needed})
+    return BuildPlan(removed=tuple(sorted(wanted - needed)), kept_for_given_code=tuple(kept),
+                     unknown=tuple(sorted(set(names) - {n for _, n in functions})), modules=modules)
+
+
+# --- writing a build ----------------------------------------------------------------------------------
+
+def _span(node) -> tuple[int, int]:
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return start, node.end_lineno
+
+
+def strip_module(source: str, removed: set[str], dropped_imports: set[str]) -> str:
+    """``source`` without the top-level functions ``removed`` and without ``dropped_imports`` in its
+    relative imports and ``__all__``; every other line keeps its number (edits are padded)."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    edits: list[tuple[int, int, str]] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in removed:
+            edits.append((*_span(node), ""))
+        elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module \
+                and any((a.asname or a.name) in dropped_imports for a in node.names):
+            keep = [a for a in node.names if (a.asname or a.name) not in dropped_imports]
+            text = ast.unparse(ast.ImportFrom(module=node.module, names=keep, level=1)) if keep else ""
+            edits.append((*_span(node), text))
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            names = _literal_names(node.value)
+            if names is not None and set(names) & dropped_imports:
+                edits.append((*_span(node), "__all__ = " + repr([n for n in names if n not in dropped_imports])))
+    for start, end, text in sorted(edits, reverse=True):
+        count = end - start + 1
+        body = (text + "\n") if text else ""
+        body += "\n" * (count - (1 if text else 0))
+        lines[start - 1:end] = [body]
+    return "".join(lines)
+
+
+def build_hash(library_dir, removed: tuple[tuple[str, str], ...], modules=()) -> str:
+    """Content hash of a build: the library's build files, its modules and the removed definitions."""
+    library_dir = _require_dir(library_dir, "library_dir")
+    digest = hashlib.sha256(f"format={BUILD_FORMAT};python={sys.version_info[:2]}".encode())
+    for path in sorted(library_dir.rglob("*")):
+        rel = path.relative_to(library_dir)
+        if path.is_file() and not (set(rel.parts) & set(EXCLUDED)) and path.suffix != ".pyc":
+            digest.update(rel.as_posix().encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    digest.update(json.dumps([sorted(removed), sorted(modules)]).encode())
+    return digest.hexdigest()[:24]
+
+
+def write_build(library_dir, dest, removed: tuple[tuple[str, str], ...], modules=None) -> Path:
+    """Copy the library into ``dest/rlhf_lab`` without :data:`EXCLUDED`, without the modules not in
+    ``modules`` (None: all) and without the ``removed`` definitions."""
+    library_dir = _require_dir(library_dir, "library_dir")
+    target = Path(dest) / "rlhf_lab"
+    trees = _modules(library_dir)
+    if modules is not None:
+        skipped = [f"{m}.py" for m in trees if m and m not in modules]
+        trees = {m: t for m, t in trees.items() if m in modules}
+    else:
+        skipped = []
+    shutil.copytree(library_dir, target, ignore=shutil.ignore_patterns(*EXCLUDED, "*.pyc", *skipped))
+    by_module: dict[str, set[str]] = {}
+    for module, name in removed:
+        by_module.setdefault(module, set()).add(name)
+    for module in trees:
+        path = target / ("__init__.py" if module == "" else f"{module}.py")
+        # names this module imports (or re-exports) from a module whose definition was removed
+        dropped = {local for local, (mod, name) in _imports(trees[module]).items()
+                   if name is not None and _resolve((mod, name), trees) in set(removed)}
+        own = by_module.get(module, set())
+        if own or dropped:
+            path.write_text(strip_module(path.read_text(encoding="utf-8"), own, dropped | own), encoding="utf-8")
+    for folder, dirs, files in os.walk(target):
+        os.chmod(folder, 0o755)
+        for f in files:
+            os.chmod(os.path.join(folder, f), 0o644)
+    return target
+
+
+_VERIFY = r"""
+import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+spec = json.loads(sys.argv[2])
+import rlhf_lab
+assert rlhf_lab.__file__.startswith(sys.argv[1]), rlhf_lab.__file__
+problems = []
+for mod in spec["modules"]:
+    try:
+        m = importlib.import_module("rlhf_lab." + mod) if mod else rlhf_lab
+    except Exception as exc:
+        problems.append(f"import rlhf_lab.{mod}: {type(exc).__name__}: {exc}")
+        continue
+for mod, name in spec["removed"]:
+    m = sys.modules.get("rlhf_lab." + mod if mod else "rlhf_lab")
+    if m is not None and hasattr(m, name):
+        problems.append(f"rlhf_lab.{mod}.{name} is still defined")
+    if hasattr(rlhf_lab, name):
+        problems.append(f"rlhf_lab.{name} is still exported")
+for mod, name in spec["given"]:
+    m = sys.modules.get("rlhf_lab." + mod if mod else "rlhf_lab")
+    if m is None or not hasattr(m, name):
+        problems.append(f"given code needs rlhf_lab{'.' + mod if mod else ''}.{name}, missing from the build")
+print(json.dumps(problems))
+"""
+
+
+def verify_build(build_root, removed, given=(), timeout: int = 180) -> list[str]:
+    """Import the build in a fresh interpreter; return problems (empty: the build is good).
+
+    Every build module must import, no removed name may remain (nor be exported by the package),
+    and every name the given code uses must be present. Also leaves compiled bytecode in the build.
+    """
+    build_root = _require_dir(build_root, "build_root").resolve()
+    modules = sorted(_modules(build_root / "rlhf_lab"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    spec = json.dumps({"modules": modules, "removed": [list(p) for p in removed],
+                       "given": [list(p) for p in given]})
+    proc = subprocess.run([sys.executable, "-I", "-c", _VERIFY, str(build_root), spec], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=str(build_root))
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return [f"the build does not import: {tail}"]
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return [f"the build's check printed no verdict: {proc.stdout[-200:]!r}"]
+
+
+@dataclass
+class Build:
+    """A verified build: ``path`` is its ``rlhf_lab`` folder."""
+    path: Path
+    plan: BuildPlan
+    key: str
+    reused: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def ensure_build(course_root, assignment: str, notebook: str | None, library_dir=None,
+                 manifest: dict | None = None, strip: bool = True) -> Build:
+    """The verified build for ``notebook`` of ``assignment`` (made once, then reused by hash).
+
+    ``strip=False`` gives the full library (still without ``instructor/``), for hidden tests that
+    still need the reference functions inside the kernel. Raises ``RuntimeError`` naming the
+    problem when a build does not verify (grading must not go on with a broken library).
+    """
+    course_root = _require_dir(course_root, "course_root").resolve()
+    library_dir = _require_dir(library_dir or _installed_library(), "library_dir").resolve()
+    names = names_for(assignment, notebook, manifest) if strip else ()
+    source_nb = course_root / "source" / assignment / f"{Path(notebook).stem}.ipynb" if notebook else None
+    given = given_names(source_nb) if source_nb is not None and source_nb.is_file() else set()
+    plan = plan_build(library_dir, names, given)
+    key = build_hash(library_dir, plan.removed, plan.modules)
+    parent = course_root / BUILD_DIR
+    final = parent / key
+    notes = [f"kept {n}: the notebook's given code needs it" for n in plan.kept_for_given_code]
+    if (final / "rlhf_lab" / "__init__.py").is_file() and (final / "VERIFIED").is_file():
+        return Build(final / "rlhf_lab", plan, key, reused=True, notes=notes)
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=parent))
+    try:
+        write_build(library_dir, staging, plan.removed, plan.modules)
+        problems = verify_build(staging, plan.removed, sorted(given))
+        if problems:
+            raise RuntimeError(f"library build for {assignment}/{notebook or '*'} is unusable: "
+                               + "; ".join(problems))
+        (staging / "VERIFIED").write_text(json.dumps({"removed": plan.removed, "kept": plan.kept_for_given_code},
+                                                     indent=1) + "\n")
+        os.chmod(staging, 0o755)
+        try:
+            staging.rename(final)
+        except OSError:  # another grader finished the same build first: use theirs
+            if not (final / "VERIFIED").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Build(final / "rlhf_lab", plan, key, notes=notes)
+
+
+# --- copies of library functions in answer cells --------------------------------------------------
+
+@dataclass(frozen=True)
+class Finding:
+    """An answer-cell function that is a library function up to names, comments and formatting."""
+    cell: str          # the answer cell's nbgrader grade_id (or "cell <index>")
+    function: str      # the name the student gave it
+    library_function: str  # "rlhf_lab.<module>.<name>"
+    line: int          # line of the ``def`` inside the cell
+
+    def __str__(self) -> str:
+        return (f"{self.cell}: {self.function} (line {self.line}) is a copy of {self.library_function} "
+                "up to names, comments and formatting")
+
+
+class _Canonical(ast.NodeTransformer):
+    """Rename a function's own name, arguments and local names to placeholders in order of first
+    appearance; drop docstrings and annotations. Globals and attributes keep their names."""
+
+    def __init__(self, local_names: set[str]):
+        self.local_names = local_names
+        self.mapping: dict[str, str] = {}
+
+    def _name(self, name: str) -> str:
+        if name not in self.local_names:
+            return name
+        return self.mapping.setdefault(name, f"_v{len(self.mapping)}")
+
+    def visit_FunctionDef(self, node):
+        node.name = self._name(node.name)
+        node.returns = None
+        node.type_comment = None
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            body = body[1:] or [ast.Pass()]
+        node.body = body
+        self.generic_visit(node)
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        self.generic_visit(node)
+        return node
+
+    def visit_arg(self, node):
+        node.arg = self._name(node.arg)
+        node.annotation = None
+        node.type_comment = None
+        return node
+
+    def visit_Name(self, node):
+        node.id = self._name(node.id)
+        return node
+
+    def visit_Expr(self, node):
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return None  # a bare string statement is a comment in disguise
+        self.generic_visit(node)
+        return node
+
+    def visit_AnnAssign(self, node):
+        self.generic_visit(node)
+        if node.value is None:
+            return None
+        return ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno)
+
+
+def _local_names(fn: ast.AST) -> set[str]:
+    """The function's own name, its arguments and every name it (or a nested function) binds."""
+    names = {fn.name}
+    for sub in ast.walk(fn):
+        if isinstance(sub, ast.arg):
+            names.add(sub.arg)
+        elif isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+            names.add(sub.id)
+        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(sub.name)
+    globals_ = {n for sub in ast.walk(fn) if isinstance(sub, (ast.Global, ast.Nonlocal)) for n in sub.names}
+    return names - globals_
+
+
+def normalised(fn: ast.AST) -> str:
+    """A canonical dump of a function definition (see :class:`_Canonical`)."""
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise ValueError(f"fn must be an ast.FunctionDef, got {type(fn).__name__}")
+    copy = ast.parse(ast.unparse(fn)).body[0]
+    copy = _Canonical(_local_names(copy)).visit(copy)
+    copy.decorator_list = []
+    return ast.dump(copy, annotate_fields=False, include_attributes=False)
+
+
+def reference_fingerprints(library_dir=None) -> dict[str, str]:
+    """Normalised dump -> ``rlhf_lab.<module>.<name>`` for every function of the library (nested
+    ones included); trivial functions (a single ``return`` of a name or constant) are skipped."""
+    library_dir = _require_dir(library_dir or _installed_library(), "library_dir")
+    out: dict[str, str] = {}
+    for module, tree in _modules(library_dir).items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _trivial(node):
+                out.setdefault(normalised(node), f"rlhf_lab.{module + '.' if module else ''}{node.name}")
+    return out
+
+
+def _trivial(fn) -> bool:
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return len(body) <= 1 and all(isinstance(s, (ast.Pass, ast.Return)) and
+                                  isinstance(getattr(s, "value", None), (ast.Name, ast.Constant, type(None)))
+                                  for s in body)
+
+
+def suspicious_copies(notebook, library_dir=None) -> list[Finding]:
+    """Answer-cell functions of ``notebook`` that are library functions up to names and formatting.
+
+    ``notebook``: a path to an ``.ipynb`` file or a notebook dict. Answer cells are nbgrader
+    solution cells; a cell that does not parse is skipped (nbgrader reports it when it runs).
+    The check reads text only; nothing of the notebook runs.
+    """
+    cells = _cells(notebook)
+    refs = reference_fingerprints(library_dir)
+    findings: list[Finding] = []
+    for index, cell in enumerate(cells):
+        meta = _nbgrader(cell)
+        if cell.get("cell_type") != "code" or not meta.get("solution"):
+            continue
+        try:
+            tree = ast.parse(_strip_magics(_source(cell)))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                match = refs.get(normalised(node))
+                if match is not None:
+                    findings.append(Finding(str(meta.get("grade_id") or f"cell {index}"), node.name, match,
+                                            node.lineno))
+    return findings
+
+
+def main(argv=None) -> int:
+    """``python -m rlhf_lab.instructor.library_build NOTEBOOK...``: print suspicious copies."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Report answer cells that copy a library function.")
+    ap.add_argument("notebooks", nargs="+")
+    args = ap.parse_args(argv)
+    status = 0
+    for path in args.notebooks:
+        for finding in suspicious_copies(path):
+            status = 1
+            print(f"{path}: {finding}")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

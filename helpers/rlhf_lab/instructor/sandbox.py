@@ -1,0 +1,506 @@
+"""Grading kernels in a bubblewrap sandbox (selected for autograding in ``nbgrader_config.py``).
+
+:class:`SandboxedKernelManager` is :class:`.kernel_guard.LimitedKernelManager` (same rlimits,
+process-group kill, private JAX compilation cache) whose kernel process is started by ``bwrap``
+(Debian/Ubuntu package ``bubblewrap``) so student code sees almost nothing of the machine:
+
+* **processes**: its own PID namespace (``--unshare-pid``) and ``--die-with-parent``; when the
+  kernel stops, the manager kills ``bwrap``, which takes the namespace's init with it, and the
+  kernel tears down every process of the namespace, including ones that called ``setsid``, forked
+  twice or used ``nohup``. A process limit holds inside the sandbox (``RLIMIT_NPROC``, see below).
+* **network**: none (``--unshare-net``: only a loopback interface that is down). The kernel talks
+  to the grader over Jupyter's IPC transport: ZeroMQ Unix sockets in a private folder that only
+  that kernel and the grader can use.
+* **files**: a private ``/tmp`` (tmpfs) as ``HOME``; read-only: ``/usr`` (``/usr/local`` hidden), the
+  dynamic linker's and name service's files of ``/etc``, the Python environment (the venv and the
+  base interpreter it points to) and the course library BUILD for the notebook being graded
+  (:mod:`.library_build`, mounted where the installed library lives); writable: only the
+  notebook's folder (``autograded/<student>/<assignment>/``), the kernel's IPC folder and its
+  private compile-cache copy. Nothing else exists in the sandbox: not the gradebook, ``source/``,
+  ``release/``, ``submitted/``, other students' folders, the instructor's home, ``.git`` or the rest
+  of the repository.
+* **identity**: when the grader runs as root, the kernel runs as an unprivileged user id of its
+  own (``uid_base`` + a slot held while the kernel lives) with no capabilities and no way to gain
+  any (bubblewrap sets ``no_new_privs``); the notebook folder is handed to that id while the
+  kernel runs and given back afterwards. ``RLIMIT_NPROC`` is not enforced for root (the kernel
+  exempts uid 0 even inside a user namespace), which is why the kernel must not run as root.
+  For a grader that is not root, bubblewrap runs unprivileged in a new user namespace, where the
+  same limit counts only the sandbox's processes.
+
+Without a working ``bwrap`` (not installed, or its self-test fails, e.g. user namespaces are
+disabled) the manager REFUSES to start a kernel (:class:`SandboxUnavailable`, with install
+instructions), unless the instructor opts out: ``RLHF_NO_SANDBOX=1`` or
+``c.SandboxedKernelManager.no_sandbox = True``. Then kernels run as before (rlimits only) and a
+loud warning says, once per process, that grades are not protected.
+"""
+from __future__ import annotations
+
+import atexit
+import fcntl
+import functools
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from traitlets import Bool, CaselessStrEnum, Integer, Unicode, default
+
+
+def _sibling(filename: str, name: str):
+    """Load a module of this folder by file path (importing ``rlhf_lab`` would import JAX)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), filename))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_kernel_guard = _sibling("kernel_guard.py", "rlhf_lab_course_kernel_guard")
+LimitedKernelManager = _kernel_guard.LimitedKernelManager
+
+NO_SANDBOX_ENV = "RLHF_NO_SANDBOX"
+#: Set by a parent (the course command) that already printed the unprotected-grading warning.
+WARNED_ENV = "RLHF_NO_SANDBOX_WARNED"
+INSTALL_HINT = (
+    "Install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora: `sudo dnf install "
+    "bubblewrap`) and make sure user namespaces are enabled (`sysctl user.max_user_namespaces` must be "
+    "> 0; on Debian/Ubuntu also `sudo sysctl kernel.unprivileged_userns_clone=1`, and on Ubuntu 24.04+ "
+    "an AppArmor profile that allows bwrap to use them). To grade WITHOUT protection anyway, set "
+    f"{NO_SANDBOX_ENV}=1 (the course command's --no-sandbox)."
+)
+UNPROTECTED_WARNING = (
+    "\n" + "!" * 78 + "\n"
+    "!!  GRADES ARE NOT PROTECTED: kernels run WITHOUT the sandbox (" + NO_SANDBOX_ENV + "=1).\n"
+    "!!  Student code can read and write the gradebook, source/ (hidden tests), other students'\n"
+    "!!  folders and the course library, open network connections and leave processes behind.\n"
+    + "!" * 78
+)
+#: /etc entries the interpreter and the C library need (nothing else of /etc is visible).
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf",
+             "hosts", "host.conf", "mime.types", "fonts", "ssl/openssl.cnf")
+#: Environment variables a kernel keeps (prefixes); everything else of the grader's environment
+#: (database URLs, tokens, paths to the course) is dropped.
+ENV_KEEP_PREFIXES = ("JAX_", "XLA_", "TF_CPP_", "NBGRADER_", "PYDEVD_", "LANG", "LC_", "OMP_", "OPENBLAS_",
+                     "MKL_", "TZ", "TERM", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONUNBUFFERED",
+                     "PYTHONIOENCODING", "MPLBACKEND", "COLUMNS", "CLICOLOR", "FORCE_COLOR", "NO_COLOR")
+
+# Runs inside the sandbox as the kernel's first process, before ipykernel: drops root for the
+# kernel's own user id, sets the process limit, restores SIGINT (ignored by bwrap so that an
+# interrupt reaches the kernel without killing the sandbox) and becomes the kernel.
+_WRAPPER = """\
+import os, resource, signal, sys
+uid, nproc = int(sys.argv[1]), int(sys.argv[2])
+if uid >= 0:
+    os.setgroups([]); os.setgid(uid); os.setuid(uid)
+if nproc > 0:
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """Grading refused: no working sandbox and no opt-out."""
+
+
+def _flag(value: str | None) -> bool:
+    return str(value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def opted_out(env=None) -> bool:
+    """True when ``RLHF_NO_SANDBOX`` asks for unsandboxed grading."""
+    env = os.environ if env is None else env
+    return _flag(env.get(NO_SANDBOX_ENV))
+
+
+def find_bwrap(path: str | None = None) -> str | None:
+    """The ``bwrap`` executable on ``path`` (default ``$PATH``), or None."""
+    return shutil.which("bwrap", path=path)
+
+
+@functools.lru_cache(maxsize=8)
+def self_test(bwrap: str) -> str | None:
+    """Run a minimal sandbox once; None if it works, else the problem (cached per process)."""
+    if not bwrap or not os.path.isfile(bwrap):
+        raise ValueError(f"bwrap must be the path of an executable file, got {bwrap!r}")
+    cmd = [bwrap, "--unshare-pid", "--unshare-net", "--die-with-parent", "--ro-bind", "/", "/",
+           "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{bwrap} could not run: {exc}"
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return f"{bwrap} failed its self-test ({detail})"
+    return None
+
+
+def availability(path: str | None = None) -> tuple[str | None, str | None]:
+    """``(bwrap path, None)`` when the sandbox works, else ``(None, problem)``."""
+    bwrap = find_bwrap(path)
+    if bwrap is None:
+        return None, "bwrap (bubblewrap) is not installed or not on PATH"
+    problem = self_test(bwrap)
+    return (None, problem) if problem else (bwrap, None)
+
+
+def refusal_message(problem: str) -> str:
+    """The message grading stops with when there is no sandbox."""
+    return (f"Refusing to grade: the kernel sandbox is not available: {problem}. Student code must run "
+            f"isolated from the gradebook, the hidden tests and other students. {INSTALL_HINT}")
+
+
+_warned = False
+
+
+def warn_unprotected(log=None) -> bool:
+    """Print :data:`UNPROTECTED_WARNING` once per process (and not at all if a parent set
+    ``RLHF_NO_SANDBOX_WARNED=1`` after printing it); returns whether it printed now."""
+    global _warned
+    if _warned or _flag(os.environ.get(WARNED_ENV)):
+        return False
+    _warned = True
+    if log is not None:
+        log.warning(UNPROTECTED_WARNING)
+    else:
+        print(UNPROTECTED_WARNING, file=sys.stderr, flush=True)
+    return True
+
+
+def check_grading_allowed(env=None, path: str | None = None, log=None) -> str | None:
+    """For the course command, before a class run: raise :class:`SandboxUnavailable` when grading
+    would be refused, warn once and return ``"unprotected"`` when opted out, else return None."""
+    if opted_out(env):
+        warn_unprotected(log)
+        return "unprotected"
+    bwrap, problem = availability(path)
+    if bwrap is None:
+        raise SandboxUnavailable(refusal_message(problem))
+    return None
+
+
+# --- the bwrap command --------------------------------------------------------------------------
+
+def python_roots() -> list[str]:
+    """Folders of this Python environment: the venv and the base installation it points to."""
+    roots = []
+    for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))):
+        p = os.path.realpath(p)
+        if p not in roots and p not in ("/", "/usr"):
+            roots.append(p)
+    venv_python = os.path.join(sys.prefix, "bin", "python")
+    if os.path.islink(venv_python):
+        target = os.path.dirname(os.path.dirname(os.path.realpath(venv_python)))
+        if target not in roots and target not in ("/", "/usr"):
+            roots.append(target)
+    return roots
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = Path(path).parts[1:-1]
+    return ["/" + "/".join(parts[:i + 1]) for i in range(len(parts))]
+
+
+def bwrap_command(bwrap: str, kernel_cmd: list[str], *, cwd: str, readonly: list[tuple[str, str]],
+                  writable: list[str], uid: int, nproc: int, python: str) -> list[str]:
+    """The full command line that runs ``kernel_cmd`` in the sandbox (a pure function).
+
+    ``readonly``: ``(host path, sandbox path)`` pairs; ``writable``: host paths mounted at the same
+    path; ``uid``: the kernel's user id (``-1``: keep the caller's); ``nproc``: RLIMIT_NPROC
+    (``0``: none); ``python``: the interpreter that runs the small launcher inside.
+    """
+    if not kernel_cmd:
+        raise ValueError("kernel_cmd must be a non-empty list of arguments")
+    if not os.path.isabs(cwd):
+        raise ValueError(f"cwd must be an absolute path, got {cwd!r}")
+    if nproc < 0:
+        raise ValueError(f"nproc must be >= 0 (0: no limit), got {nproc}")
+    cmd = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+           "--die-with-parent", "--hostname", "grading-sandbox"]
+    cmd += ["--ro-bind", "/usr", "/usr", "--tmpfs", "/usr/local"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            cmd += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            cmd += ["--ro-bind", top, top]
+    for name in ETC_FILES:
+        cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    made: set[str] = {"/usr", "/tmp", "/proc", "/dev", "/etc"}
+    targets = [dest for _, dest in readonly] + list(writable) + [cwd]
+    for target in targets:
+        for folder in _ancestors(target):
+            if folder not in made and not folder.startswith(("/usr/", "/proc/", "/dev/")):
+                made.add(folder)
+                cmd += ["--perms", "0755", "--dir", folder]
+    for src, dest in readonly:
+        cmd += ["--ro-bind", src, dest]
+    for path in writable:
+        cmd += ["--bind", path, path]
+    if cwd not in writable:
+        cmd += ["--bind", cwd, cwd]
+    # jupyter_client sets JPY_PARENT_PID to the grader's pid, which does not exist in the PID
+    # namespace (ipykernel would shut down at once); 1 (the namespace's init, the kernel's real
+    # parent) switches ipykernel's parent polling off: --die-with-parent does that job
+    cmd += ["--setenv", "JPY_PARENT_PID", "1", "--chdir", cwd]
+    if uid >= 0:
+        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    cmd += ["--", python, "-I", "-S", "-c", _WRAPPER, str(uid), str(nproc), *kernel_cmd]
+    return cmd
+
+
+def sandbox_env(env: dict, home: str = "/tmp") -> dict:
+    """The kernel's environment: :data:`ENV_KEEP_PREFIXES` of ``env``, a PATH inside the sandbox,
+    ``HOME``/``TMPDIR`` on the private ``/tmp``."""
+    out = {k: v for k, v in env.items() if k.startswith(ENV_KEEP_PREFIXES)}
+    out.update(HOME=home, TMPDIR="/tmp", USER="student", LOGNAME="student",
+               PATH=os.pathsep.join([os.path.join(sys.prefix, "bin"), "/usr/bin", "/bin"]),
+               MPLCONFIGDIR="/tmp/.matplotlib", IPYTHONDIR="/tmp/.ipython", JUPYTER_RUNTIME_DIR="/tmp/.jupyter")
+    return out
+
+
+# --- kernel user ids -----------------------------------------------------------------------------
+
+class UidSlot:
+    """An unprivileged user id for one kernel, held (``flock``) until :meth:`release`.
+
+    Each concurrent kernel gets its own id, so one sandbox's processes never count against
+    another's process limit. A lock dies with the grader that held it.
+    """
+
+    def __init__(self, base: int, span: int = 4096, lock_dir: str | None = None):
+        if not 1000 <= base <= 2 ** 31 - span - 1:
+            raise ValueError(f"uid_base must be in [1000, {2 ** 31 - span - 1}], got {base}")
+        lock_dir = lock_dir or os.path.join(tempfile.gettempdir(), "rlhf-sandbox-uids")
+        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        self.fd = None
+        self.uid = -1
+        start = os.getpid() % span
+        for i in range(span):
+            slot = (start + i) % span
+            fd = os.open(os.path.join(lock_dir, f"{base + slot}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self.fd, self.uid = fd, base + slot
+            return
+        raise SandboxUnavailable(f"all {span} sandbox user ids from {base} are in use")
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _owners(root: str) -> dict[str, tuple[int, int]]:
+    """Owner and group of ``root`` and everything under it (links not followed)."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+            try:
+                st = os.lstat(name)
+            except OSError:
+                continue
+            out[name] = (st.st_uid, st.st_gid)
+    return out
+
+
+def _chown_tree(root: str, uid: int, gid: int) -> None:
+    for folder, dirs, files in os.walk(root):
+        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+            try:
+                os.chown(name, uid, gid, follow_symlinks=False)
+            except OSError:
+                pass
+
+
+def _restore_owners(root: str, owners: dict[str, tuple[int, int]]) -> None:
+    """Give ``root``'s tree back: recorded entries to their owners, new ones to ``root``'s owner."""
+    default = owners.get(root, (os.getuid(), os.getgid()))
+    for folder, dirs, files in os.walk(root):
+        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+            uid, gid = owners.get(name, default)
+            try:
+                os.chown(name, uid, gid, follow_symlinks=False)
+            except OSError:
+                pass
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _default_nproc() -> int:
+    # threads count too: XLA sizes its thread pools by the number of cores
+    return 256 + 16 * (os.cpu_count() or 2)
+
+
+class SandboxedKernelManager(LimitedKernelManager):
+    """:class:`LimitedKernelManager` whose kernels start inside bubblewrap (see the module docstring)."""
+
+    no_sandbox = Bool(
+        help=f"Grade WITHOUT the sandbox (rlimits only), with a loud warning; also {NO_SANDBOX_ENV}=1.",
+    ).tag(config=True)
+
+    @default("no_sandbox")
+    def _no_sandbox_default(self) -> bool:
+        return opted_out()
+
+    nproc = Integer(
+        _env_int("RLHF_KERNEL_NPROC", _default_nproc()),
+        help="Process (and thread) limit of the kernel inside the sandbox (RLIMIT_NPROC); 0 for none.",
+    ).tag(config=True)
+    uid_base = Integer(
+        _env_int("RLHF_SANDBOX_UID_BASE", 1_500_000),
+        help="First user id given to kernels when the grader runs as root (one id per live kernel).",
+    ).tag(config=True)
+    course_root = Unicode(
+        "", help="Course root: library builds are cached in <root>/.cache/library-builds and the "
+                 "source notebooks decide what 'auto' strips. Empty: derived from the notebook folder.",
+    ).tag(config=True)
+    library_build = CaselessStrEnum(
+        ["auto", "strip", "full"], default_value=os.environ.get("RLHF_LIBRARY_BUILD", "auto").lower()
+        if os.environ.get("RLHF_LIBRARY_BUILD", "auto").lower() in ("auto", "strip", "full") else "auto",
+        help="Which course library the kernel sees. 'strip': the notebook's build without the functions "
+             "its students implement. 'full': the library without instructor/. 'auto': 'strip', except "
+             "for a notebook whose source still grades inside the kernel (calls grading.start() or "
+             "uses grading.reference), which needs the reference functions in the kernel.",
+    ).tag(config=True)
+    notebook_name = Unicode(
+        "", help="The notebook this kernel runs (set by kernel_guard.Execute); selects the library build.",
+    )
+
+    _ipc_dir: str | None = None
+    _slot: UidSlot | None = None
+    _owners: dict | None = None
+    _notebook_dir: str | None = None
+
+    # -- life cycle --------------------------------------------------------------------------------
+    async def _async_pre_start_kernel(self, **kw):
+        if not self.no_sandbox:
+            bwrap, problem = availability()
+            if bwrap is None:
+                raise SandboxUnavailable(refusal_message(problem))
+            self._bwrap = bwrap
+            # a short private folder for the connection file and the ZeroMQ Unix sockets
+            self._ipc_dir = tempfile.mkdtemp(prefix="rlhf-k-")
+            os.chmod(self._ipc_dir, 0o700)
+            atexit.register(self.release_sandbox)  # also if the grader stops abruptly
+            self.transport = "ipc"
+            self.connection_file = os.path.join(self._ipc_dir, "kernel.json")
+            self.ip = os.path.join(self._ipc_dir, "s")
+        else:
+            warn_unprotected(self.log)
+        return await super()._async_pre_start_kernel(**kw)
+
+    def wrap_launch(self, kernel_cmd: list[str], kw: dict) -> tuple[list[str], dict]:
+        """Turn the kernel command into its sandboxed form (called by LimitedKernelManager)."""
+        if self.no_sandbox:
+            return kernel_cmd, kw
+        cwd = os.path.realpath(kw.get("cwd") or os.getcwd())
+        self._notebook_dir = cwd
+        build = self._library_build(cwd)
+        library = _installed_library_dir()
+        readonly = [(p, p) for p in python_roots() if os.path.isdir(p)]
+        readonly.append((str(build), library))
+        writable = [self._ipc_dir]
+        if self._cache_dir:
+            writable.append(self._cache_dir)
+        uid = -1
+        if os.geteuid() == 0:
+            self._slot = UidSlot(self.uid_base)
+            uid = self._slot.uid
+            self._owners = _owners(cwd)
+            for path in [cwd, *writable]:
+                _chown_tree(path, uid, uid)
+        kw["cwd"] = cwd
+        kw["env"] = sandbox_env(kw.get("env") or os.environ)
+        inner = kw.get("preexec_fn")
+
+        def preexec() -> None:  # between fork and exec of bwrap
+            if inner is not None:
+                inner()
+            # SIGINT goes to the whole process group: bwrap must ignore it (the wrapper inside
+            # restores it for the kernel) or an interrupt would kill the sandbox
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+        kw["preexec_fn"] = preexec
+        python = os.path.join(sys.prefix, "bin", "python")
+        return bwrap_command(self._bwrap, kernel_cmd, cwd=cwd, readonly=readonly, writable=writable,
+                             uid=uid, nproc=self.nproc, python=python), kw
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        self.release_sandbox(keep_ipc=restart)
+
+    def release_sandbox(self, keep_ipc: bool = False) -> None:
+        """Kill what is left of the sandbox, give the notebook folder back to its owner, free the
+        kernel's user id and remove its IPC folder. Idempotent; kernel_guard.Execute also calls it
+        after every notebook, because nbclient skips the manager's cleanup when a kernel died early."""
+        self.kill_process_group()
+        if self._owners is not None and self._notebook_dir:
+            _restore_owners(self._notebook_dir, self._owners)
+            self._owners = None
+        if self._slot is not None:
+            self._slot.release()
+            self._slot = None
+        if self._ipc_dir and not keep_ipc:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._ipc_dir = None
+
+    # -- the library build -------------------------------------------------------------------------
+    def _course_root_for(self, notebook_dir: str) -> Path:
+        if self.course_root:
+            return Path(self.course_root)
+        nb = Path(notebook_dir)
+        if len(nb.parents) >= 3 and nb.parents[1].name == "autograded":
+            return nb.parents[2]
+        return Path(tempfile.gettempdir()) / "rlhf-library-builds"
+
+    def _library_build(self, notebook_dir: str) -> Path:
+        lb = _sibling("library_build.py", "rlhf_lab_course_library_build")
+        root = self._course_root_for(notebook_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        assignment = Path(notebook_dir).name
+        notebook = self.notebook_name or None
+        mode = self.library_build
+        if mode == "auto":
+            mode = "full" if _grades_in_kernel(root, assignment, notebook) else "strip"
+        build = lb.ensure_build(root, assignment, notebook, strip=(mode == "strip"))
+        self.log.debug("library build %s for %s/%s (%s)", build.key, assignment, notebook or "*", mode)
+        return build.path
+
+
+def _installed_library_dir() -> str:
+    spec = importlib.util.find_spec("rlhf_lab")
+    if spec is None or not spec.submodule_search_locations:
+        raise SandboxUnavailable("the course library rlhf_lab is not installed in this environment")
+    return os.path.realpath(list(spec.submodule_search_locations)[0])
+
+
+def _grades_in_kernel(root: Path, assignment: str, notebook: str | None) -> bool:
+    """Does the source of this notebook (any of the assignment's, if unknown) still decide grades
+    inside the kernel with the library's reference functions?"""
+    folder = root / "source" / assignment
+    paths = [folder / f"{Path(notebook).stem}.ipynb"] if notebook else sorted(folder.glob("*.ipynb"))
+    for path in paths:
+        try:
+            cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+        except (OSError, ValueError):
+            continue
+        text = "\n".join("".join(c.get("source", "")) for c in cells if c.get("cell_type") == "code")
+        if "grading.start(" in text or "grading.reference" in text:
+            return True
+    return False
