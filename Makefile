@@ -8,7 +8,7 @@ RUN := PATH="$(VENV)/bin:$$PATH" JAX_PLATFORMS=cpu
 backup: venv
 	$(RUN) $(PY) -m rlhf_lab.instructor.backup
 
-.PHONY: backup venv demo test test-fast test-browser bench release examples sources generated check-generated environment.yml lesson
+.PHONY: backup venv demo test test-fast test-browser bench release examples generated check-generated environment.yml lesson lab lint pairs normalise
 
 venv:
 	@tools/bootstrap.sh
@@ -37,27 +37,39 @@ bench: venv
 	$(RUN) $(PY) bench/bench_pipeline.py
 	$(RUN) $(PY) bench/bench_parallel.py
 
-## Generated files: source notebooks (from tools/build_source_*.py), release/ (nbgrader generate_assignment),
-## example and hostile submissions (from release + source). `make generated` rebuilds all in order.
-sources: venv
-	$(RUN) $(PY) tools/build_source_ppo_rlhf.py
-	$(RUN) $(PY) tools/build_source_ppo_objective.py
+## Authoring: the notebooks in source/ are what instructors edit (in JupyterLab: `make lab`).
+## Each is paired with a py:percent text file under content/ (jupytext.toml); `make lint` checks the
+## course's rules. Generated from them: release/ (nbgrader generate_assignment), example and hostile
+## submissions (from release + the recipes). `make generated` rebuilds all in order.
+lab: venv
+	JUPYTER_CONFIG_DIR=$(CURDIR)/jupyter/instructor $(RUN) $(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR)
+
+lint: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.authoring lint
+
+pairs: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.authoring pairs
+
+normalise: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.authoring normalise
 
 release: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.authoring normalise
 	$(RUN) $(PY) tools/make_release.py
 
 examples: venv
 	$(RUN) $(PY) tools/make_examples.py
 	$(RUN) $(PY) tools/make_hostile.py
 
-generated: sources release examples
+generated: pairs release examples
 
 check-generated: venv
-	$(RUN) $(PY) tools/build_source_ppo_rlhf.py --check
-	$(RUN) $(PY) tools/build_source_ppo_objective.py --check
+	$(RUN) $(PY) -m rlhf_lab.instructor.authoring lint
+	$(RUN) $(PY) -m rlhf_lab.instructor.authoring pairs --check
 	$(RUN) $(PY) tools/make_release.py --check
 	$(RUN) $(PY) tools/make_examples.py --check
 	$(RUN) $(PY) tools/make_hostile.py --check
 
 environment.yml: requirements.txt
 	$(PY) tools/make_environment_yml.py > environment.yml
+

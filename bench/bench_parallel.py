@@ -49,6 +49,8 @@ os.environ.pop("MPLBACKEND", None)
 
 from distributed import Client  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package
+from fixtures.classes import example_class  # noqa: E402
 from rlhf_lab.instructor import compile_cache, parallel  # noqa: E402
 
 COURSE_ID = "rlhf-ppo"
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
     failed = dict.fromkeys(WAYS, 0)
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
         base = Path(tmp)
-        examples = parallel.example_class(base / "examples", assignment, ROOT)
+        examples = example_class(base / "examples", assignment, ROOT)
         courses = {}
         for w in WAYS:
             courses[w] = course(base, w, examples, assignment, args.size,

@@ -37,7 +37,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import nbformat  # noqa: E402
 
-from rlhf_lab.instructor import compile_cache, pipeline, submissions  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package
+from fixtures import submissions  # noqa: E402
+from rlhf_lab.instructor import compile_cache, pipeline  # noqa: E402
 
 TARGET_STUDENT_SECONDS = 60.0
 

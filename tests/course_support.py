@@ -63,7 +63,8 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from rlhf_lab.instructor import pipeline, submissions  # noqa: E402
+from fixtures import submissions  # noqa: E402
+from rlhf_lab.instructor import pipeline  # noqa: E402
 from rlhf_lab.instructor.pipeline import ClassRun  # noqa: E402
 
 _CACHE: dict = {}

@@ -26,11 +26,11 @@ import nbformat
 import psutil
 import pytest
 
+from fixtures.classes import example_class
 from pg_support import create_database, postgres_server
 from rlhf_lab.instructor import parallel
 from rlhf_lab.instructor.parallel import (
-    ParallelGradingError, Progress, cheapest_assignment, copy_course, example_class, grade_class,
-    replicate_class,
+    ParallelGradingError, Progress, cheapest_assignment, copy_course, grade_class, replicate_class,
 )
 
 REPO = Path(__file__).resolve().parents[1]

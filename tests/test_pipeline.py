@@ -20,7 +20,8 @@ from nbgrader.utils import determine_grade
 from course_support import (  # noqa: F401  (fixtures are used by name)
     REPO, bundled_class_run, course_template_dir, fresh_course, mistakes, own_db, session_base,
 )
-from rlhf_lab.instructor import pipeline, release, submissions
+from fixtures import submissions
+from rlhf_lab.instructor import pipeline, release
 from rlhf_lab.instructor.preprocessors import relabel_stderr
 
 GRADED = pipeline.graded_assignments(REPO)
@@ -186,6 +187,16 @@ def test_demo_command_grades_prints_the_tables_and_resumes_only_what_is_unfinish
     assert any(c.score < c.max_score for c in tests["cy_dropped_signed_min"])  # the mistake loses points
     for s in students:
         assert (work / "feedback" / s / a).is_dir()
+    # the real exchange path: nbgrader's own submit left one inbound entry per student, and
+    # nbgrader collect copied it with nbgrader's timestamp into submitted/
+    inbound = sorted(p.name.split("+")[0] for p in (work / "exchange" / "rlhf-ppo" / "inbound").iterdir())
+    assert inbound == students
+    for s in students:
+        assert (work / "submitted" / s / a / "timestamp.txt").is_file()
+    assert "roster:" in first.stdout and "held:" in first.stdout
+    assert grades.totals  # the roster gave names: the gradebook knows them
+    from rlhf_lab.instructor import roster
+    assert roster.gradebook_students(work, own_db(work))["ada_correct"][:2] == ("Ada", "Okafor")
 
     # an interruption while cy was being graded: its record never got past 'running'
     course = parallel.load_course(work, own_db(work))
@@ -329,13 +340,20 @@ def test_harmless_stderr_in_test_cells_costs_no_points(klass):
 
 
 @pytest.mark.slow
-def test_feedback_html_for_every_graded_submission(klass):
+def test_feedback_html_for_every_graded_submission_except_notebooks_awaiting_hand_grading(klass):
+    held_any = 0
     for (sid, a) in klass.collected.collected:
         files = klass.feedback[a].get(sid, [])
-        assert sorted(p.stem for p in files) == pipeline.notebooks(a, REPO, where="release"), (sid, a)
+        held = pipeline.held_feedback(a, klass.root, klass.db_url).get(sid, [])
+        # held: exactly the notebooks with a written answer nobody has graded yet
+        waiting = sorted({c.notebook for c in klass.grades.by_cell(sid, a).values() if c.score is None})
+        assert held == waiting, (sid, a)
+        held_any += len(held)
+        assert sorted([p.stem for p in files] + held) == pipeline.notebooks(a, REPO, where="release"), (sid, a)
         for p in files:
             html = p.read_text(encoding="utf-8")
             assert "<html" in html.lower() and "Score" in html
+    assert held_any > 0  # the bundled class has written answers, so some feedback waits
 
 
 @pytest.mark.slow

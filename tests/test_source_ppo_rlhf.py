@@ -29,10 +29,9 @@ from course_support import load_module
 REPO = Path(__file__).resolve().parents[1]
 
 
-build = load_module(REPO / "tools" / "build_source_ppo_rlhf.py", "build_source_ppo_rlhf")
 recipes = load_module(REPO / "examples" / "mistakes" / "ppo_rlhf.py", "ppo_rlhf_mistakes")
 
-NOTEBOOKS = build.build_notebooks()
+NOTEBOOKS = {p.name: nbformat.read(p, as_version=4) for p in sorted((REPO / "source" / "ppo_rlhf").glob("*.ipynb"))}
 NAMES = list(NOTEBOOKS)
 
 
@@ -55,19 +54,6 @@ def _test_ids(nb) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------
 # Structure (cheap, no kernel)
-
-
-def test_generation_is_deterministic_and_clean():
-    again = build.build_notebooks()
-    for name, nb in NOTEBOOKS.items():
-        assert build.render(nb) == build.render(again[name]), name
-        ids = [c.id for c in nb.cells]
-        assert len(ids) == len(set(ids)), f"{name}: duplicate cell ids"
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                assert cell.outputs == [] and cell.execution_count is None, (name, cell.id)
-        text = build.render(nb)
-        assert "/work/" not in text and "../shared" not in text, f"{name} references a path outside the repo"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -95,16 +81,6 @@ def test_graded_cells_are_well_formed(name):
             assert not meta["locked"]
             if meta.get("grade"):  # written answer, graded by hand
                 assert cell.cell_type == "markdown" and meta["points"] > 0 and "Rubric" in cell.source
-
-
-def test_points_are_stated_and_add_up():
-    auto, manual = build._totals({n: nb.cells for n, nb in NOTEBOOKS.items()})
-    assert (auto, manual) == (44, 6)
-    for name, nb in NOTEBOOKS.items():
-        header = nb.cells[1]
-        here = sum(sum(build._points(c)) for c in nb.cells)
-        assert f"This notebook: **{here} points**" in header.source
-        assert f"worth **{auto + manual} points**: {auto} autograded and {manual} graded by hand" in header.source
 
 
 EXPERIMENTS = {

@@ -42,7 +42,8 @@ import pytest
 from course_support import (  # noqa: F401  (fixtures are used by name)
     REPO, bundled_class_run, course_template_dir, fresh_course, kill_tree, load_module, session_base,
 )
-from rlhf_lab.instructor import backup, feedback_filter, hostile, integrity, kernel_guard, pipeline
+from fixtures import hostile
+from rlhf_lab.instructor import backup, feedback_filter, integrity, kernel_guard, pipeline
 
 HOSTILE = REPO / "examples" / "hostile"
 CASES = hostile.load_cases(HOSTILE)
@@ -156,7 +157,7 @@ def test_no_false_alarm_on_the_bundled_example_class():
 def test_copied_answer_cell_only_warns_but_a_copied_locked_cell_blocks():
     import copy as _copy
 
-    from rlhf_lab.instructor import submissions
+    from fixtures import submissions
 
     nb = submissions.correct_submission("ppo_objective", REPO)[hostile.NB]
     specs = integrity.release_specs(REPO, "ppo_objective")

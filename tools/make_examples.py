@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from rlhf_lab.instructor import submissions  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package (example and hostile submissions)
+from fixtures import submissions  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -6,7 +6,7 @@
 
 Built deterministically from ``release/`` and the solutions in ``source/`` (run
 tools/make_release.py first). Each case, its attack and the treatment the grader owes it are
-defined in ``helpers/rlhf_lab/instructor/hostile.py``; ``tools/trust_report.py`` grades them.
+defined in ``tests/fixtures/hostile.py``; ``tools/trust_report.py`` grades them.
 """
 import argparse
 import os
@@ -16,7 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from rlhf_lab.instructor import hostile  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package (example and hostile submissions)
+from fixtures import hostile  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from rlhf_lab.instructor import hostile, pipeline  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package (example and hostile submissions)
+from fixtures import hostile  # noqa: E402
+from rlhf_lab.instructor import pipeline  # noqa: E402
 
 
 def _md(text: str) -> str:

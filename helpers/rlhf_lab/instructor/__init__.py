@@ -2,12 +2,13 @@
 
 * :mod:`.pipeline`: generate -> collect -> autograde (one process per student) -> feedback ->
   export, plus the gradebook read back as tables (:func:`~.pipeline.run_class` does it all);
-* :mod:`.submissions`: example submissions built from ``release/`` (correct, unchanged, one per
-  mistake recipe in ``examples/mistakes/``, noisy-but-correct);
+* :mod:`.authoring`: the source notebooks instructors edit: lint rules, jupytext pairs, the
+  canonical form Jupyter's additions are normalised to;
 * :mod:`.preprocessors`: the autograde step that keeps harmless stderr from costing points.
 
 Command-line entry points: ``python -m rlhf_lab.demo`` (``make demo``), ``tools/make_release.py``
-and ``tools/make_examples.py``.
+and ``tools/make_examples.py`` (the example and hostile submissions are test fixtures:
+``tests/fixtures/``).
 """
 from .pipeline import (  # noqa: F401
     COURSE_ID, REPO_ROOT, CellGrade, ClassRun, CollectResult, CommandRun, Grades, PipelineError,

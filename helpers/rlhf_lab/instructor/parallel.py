@@ -1104,47 +1104,10 @@ def cheapest_assignment(root: str | os.PathLike, submissions: str | os.PathLike)
     return best[1]
 
 
-#: Broken and hostile students of ``examples/hostile/`` mixed into generated classes: cheap to grade
-#: (no timeouts) and each breaking something else: a fake ``__eq__``, a kernel killed by
-#: ``os._exit``, a notebook that is not JSON, a folder name with spaces and non-ASCII letters.
-HOSTILE_IN_CLASS = ("h10_eq_always_true", "h13_os_exit", "h24_invalid_json", "h29 zoë ångström")
-
-
-def example_class(dest: str | os.PathLike, assignment: str, root: str | os.PathLike = REPO_ROOT) -> Path:
-    """``dest/<student>/<assignment>/``: the bundled example students of ``assignment`` (correct,
-    mistaken: ``examples/submissions/``) and the broken ones of :data:`HOSTILE_IN_CLASS`
-    (``examples/hostile/``). Without those, two broken students are made from the release:
-    ``zz_kernel_killer`` (``os._exit`` in the first answer cell) and ``zz_not_json``."""
-    import nbformat
-
-    root, dest = Path(root), Path(dest)
-    folders = sorted((root / "examples" / "submissions").iterdir())
-    folders += [root / "examples" / "hostile" / name for name in HOSTILE_IN_CLASS]
-    for sdir in folders:
-        if (sdir / assignment).is_dir():
-            shutil.copytree(sdir / assignment, dest / sdir.name / assignment)
-    if any((root / "examples" / "hostile" / n / assignment).is_dir() for n in HOSTILE_IN_CLASS):
-        return dest
-    release = root / "release" / assignment
-    nbs = sorted(release.glob("*.ipynb"))
-    killer = dest / "zz_kernel_killer" / assignment
-    killer.mkdir(parents=True)
-    for i, path in enumerate(nbs):
-        nb = nbformat.read(path, as_version=4)
-        if i == 0:
-            answer = next(c for c in nb.cells if c.cell_type == "code"
-                          and c.metadata.get("nbgrader", {}).get("solution"))
-            answer.source = "import os\nos._exit(3)"
-        nbformat.write(nb, killer / path.name)
-    garbled = dest / "zz_not_json" / assignment
-    shutil.copytree(release, garbled)
-    (garbled / nbs[0].name).write_text('{"cells": [ this is not JSON')
-    return dest
-
-
 # ----------------------------------------------------------------------------------------------
 # CLI
 # ----------------------------------------------------------------------------------------------
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import nbformat
 
+from .authoring import normalised_text
 from .pipeline import PipelineError, assignments, copy_course, course_root, generate
 
 DELIMITERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS",
@@ -59,8 +60,22 @@ def release_diff(root=None) -> list[str]:
         want.pop(".gitkeep", None)
         have.pop(".gitkeep", None)
         diff = [k for k in sorted(set(want) | set(have))
-                if k not in want or k not in have or not filecmp.cmp(want[k], have[k], shallow=False)]
+                if k not in want or k not in have or not _same(want[k], have[k])]
     return diff
+
+
+def _same(fresh: Path, committed: Path) -> bool:
+    """Byte-equal files, or notebooks equal in canonical form (what Jupyter adds when a notebook is
+    opened or saved, such as the kernel's ``language_info``, does not make ``release/`` stale)."""
+    if filecmp.cmp(fresh, committed, shallow=False):
+        return True
+    if fresh.suffix != ".ipynb":
+        return False
+    try:
+        a, b = (nbformat.read(p, as_version=4) for p in (fresh, committed))
+    except Exception:  # noqa: BLE001 - an unreadable committed notebook is simply stale
+        return False
+    return normalised_text(a) == normalised_text(b)
 
 
 def secret_lines(source_nb) -> tuple[set, set]:

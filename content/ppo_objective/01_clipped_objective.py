@@ -1,0 +1,545 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "title", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# # PPO's objective, part 1: the clipped surrogate
+#
+# PPO updates a policy with an objective that rewards good actions, but only up to a point.
+# In this notebook you build that objective in JAX, tabulate how it behaves in five
+# situations, locate the exact ratio where the clip starts to bind, and construct a case
+# where the clip holds back an update that was actually deserved.
+#
+# **Scope.** Everything here runs on hand-picked numbers. Nothing collects rollouts, fits a
+# critic or updates a language model: we check the *mechanics of the objective*, which is the
+# part of a PPO step that decides how far one update may push the policy.
+#
+# Run the cells from top to bottom. Cells marked **Predict** are for you: write down a guess
+# before running the experiment below it (not graded, but it is how the surprises stick).
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "points_part1", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Points.** This notebook: **18 points**. The whole assignment `ppo_objective` (two notebooks) is worth **40 points**: 25 autograded and 15 graded by hand.
+#
+# | graded cell | points | how |
+# |---|---|---|
+# | `test_ppo_surrogate` | 6 | autograded |
+# | `test_surrogate_table` | 3 | autograded |
+# | `test_clip_boundary` | 4 | autograded |
+# | `test_capped_pair` | 2 | autograded |
+# | `ex3_explanation` | 3 | graded by hand |
+#
+# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is.
+
+# %% nbgrader={"grade": false, "grade_id": "setup_grading", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from rlhf_lab import grading
+grading.start()
+
+# %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import jax
+import jax.numpy as jnp
+import numpy as np
+import matplotlib.pyplot as plt
+
+EPSILON = 0.2        # clip range used throughout unless a task says otherwise
+DIVERGE_TOL = 1e-6   # |unclipped - clipped| above this counts as "the clip changed something"
+
+# The five situations of the table (name, probability ratio, advantage).
+CASE_NAMES = (
+    "good action, ratio grew a lot",
+    "good action, ratio grew a little",
+    "bad action, ratio grew a lot",
+    "bad action, ratio shrank a lot",
+    "good action, ratio shrank a lot",
+)
+CASE_RATIOS = jnp.array([1.8, 1.05, 1.8, 0.3, 0.3])
+CASE_ADVANTAGES = jnp.array([1.0, 1.0, -1.0, -1.0, 1.0])
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "concept_clip", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## The ratio and the clip
+#
+# For an action $a$ sampled by the old (behaviour) policy, the **probability ratio**
+# $\rho = \pi_\text{new}(a)/\pi_\text{old}(a)$ says how much an update has changed that action's
+# probability: $\rho = 1$ means unchanged. The **advantage** $A$ says whether the action was
+# better ($A > 0$) or worse ($A < 0$) than expected.
+#
+# The plain surrogate $\rho A$ keeps paying for larger and larger moves. PPO instead takes the
+# smaller of two products,
+#
+# $$\text{objective}(\rho, A) = \min\big(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon)\,A\big),$$
+#
+# with $\varepsilon = 0.2$ by default. The minimum is taken **after** multiplying by $A$, so
+# the sign of the advantage decides which end of the clip range can matter.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Task 1: `ppo_surrogate` (6 points)
+#
+# Implement `ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True)` with `jax.numpy`:
+#
+# * `clip=False` returns the plain product `ratio * advantage`;
+# * `clip=True` returns the signed clipped objective above, elementwise;
+# * `ratio` and `advantage` may be scalars or arrays that broadcast against each other.
+#
+# Write the computation yourself: calling the course library's `clipped_surrogate` (or any
+# wrapper around it) earns no points for this task.
+
+# %% nbgrader={"grade": false, "grade_id": "ppo_surrogate", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+    """PPO's per-sample surrogate.
+
+    clip=False: ratio * A.
+    clip=True:  min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon) * A), elementwise.
+
+    Args:
+      ratio: probability ratios pi_new(a) / pi_old(a), scalar or array.
+      advantage: advantages, broadcastable against ``ratio``.
+      epsilon: half-width of the trust region around ratio = 1 (held fixed).
+      clip: whether to apply PPO's clip.
+
+    Returns:
+      jax array with the broadcast shape (an objective to be maximised).
+    """
+    ratio = jnp.asarray(ratio, dtype=jnp.float32)
+    advantage = jnp.asarray(advantage, dtype=jnp.float32)
+    ### BEGIN SOLUTION
+    unclipped = ratio * advantage
+    if not clip:
+        return unclipped
+    clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage
+    return jnp.minimum(unclipped, clipped)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_ppo_surrogate", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+# test_ppo_surrogate: ppo_surrogate equals min(rho*A, clip(rho)*A) on fresh ratios, advantages and epsilon (both signs, below/inside/above the band, broadcasting)
+### BEGIN HIDDEN TESTS
+_rng = grading.rng("ppo_surrogate")
+_eps = float(_rng.choice([_rng.uniform(0.08, 0.16), _rng.uniform(0.25, 0.4)]))
+_TASK = {"task": "ppo_surrogate", "forbid": ("clipped_surrogate",)}
+_n = 16   # every probe block has this size, so JAX compiles each operation only once
+
+# Probe blocks with a fresh epsilon: above / below / inside the trust region, both signs of A.
+_a_pos = _rng.uniform(0.5, 2.0, _n).astype(np.float32)
+_a_neg = -_rng.uniform(0.5, 2.0, _n).astype(np.float32)
+_r_hi = (1 + _eps + _rng.uniform(0.1, 1.0, _n)).astype(np.float32)
+_r_lo = ((1 - _eps) * _rng.uniform(0.1, 0.85, _n)).astype(np.float32)
+_r_in = (1 + _eps * _rng.uniform(-0.9, 0.9, _n)).astype(np.float32)
+_keys = ("hi+", "lo+", "hi-", "lo-", "in+", "in-")
+_R = np.concatenate([_r_hi, _r_lo, _r_hi, _r_lo, _r_in, _r_in])
+_A = np.concatenate([_a_pos, _a_pos, _a_neg, _a_neg, _a_pos, _a_neg])
+_block = lambda x, k: x[_keys.index(k) * _n:(_keys.index(k) + 1) * _n]
+
+# Expected values are computed before any student code runs.
+_cands = {"unc": _R * _A, "top": np.float32(1 + _eps) * _A, "bot": np.float32(1 - _eps) * _A}
+_r = _rng.uniform(0.05, 2.5, 6 * _n).astype(np.float32)
+_a = _rng.normal(0.0, 1.5, 6 * _n).astype(np.float32)
+_want = grading.reference.clipped_surrogate(jnp.asarray(_r), jnp.asarray(_a), _eps)
+_want_scalar = np.minimum(_r * -1.5, np.clip(_r, 1 - _eps, 1 + _eps) * -1.5)
+
+grading.close(grading.call(ppo_surrogate, _R, _A, epsilon=_eps, clip=False, **_TASK), _cands["unc"],
+              "ppo_surrogate(..., clip=False)",
+              hint="With clip=False the function must return the plain product ratio * advantage.")
+_got = grading.call(ppo_surrogate, _R, _A, epsilon=_eps, **_TASK)
+_is = lambda k, c: grading.matches(_block(_got, k), _block(_cands[c], k))
+_bounds = f"[1 - epsilon, 1 + epsilon] = [{1 - _eps:.4f}, {1 + _eps:.4f}] (epsilon={_eps:.4f} here)"
+_diag = ""
+if _is("hi+", "unc") and _is("lo+", "unc") and _is("hi-", "unc") and _is("lo-", "unc"):
+    _diag = ("The ratio is never clipped: with clip=True the objective must stop growing once "
+             "ratio > 1 + epsilon for a positive advantage.")
+elif _is("hi+", "unc") and _is("lo+", "bot"):
+    _diag = ("Used max instead of min: PPO keeps the SMALLER (pessimistic) of ratio*A and "
+             "clip(ratio)*A; with max a good action's ratio is rewarded without limit.")
+elif _is("lo+", "bot") and _is("hi-", "top"):
+    _diag = ("Clipped the ratio but dropped the signed min: returning clip(ratio)*A alone softens "
+             "the penalty for a bad action whose ratio grew (ratio 1.8, A=-1 must give -1.8, not "
+             "-1.2). Return min(ratio*A, clip(ratio)*A).")
+elif _is("hi-", "top") and _is("lo-", "unc"):
+    _diag = ("Ratio clipped but the sign of A was dropped: the min must compare the two PRODUCTS "
+             "ratio*A and clip(ratio)*A, not the ratios before multiplying by A (for A < 0 the "
+             "order flips).")
+elif not (_is("hi+", "top") or _is("hi+", "unc")) or not (_is("lo-", "bot") or _is("lo-", "unc")):
+    _diag = ("Clip bounds wrong (epsilon not applied symmetrically): the ratio must be clipped to "
+             + _bounds + ", using the epsilon argument.")
+elif not (_is("in+", "unc") and _is("in-", "unc")):
+    _diag = "Inside the trust region the objective must equal ratio * advantage exactly."
+grading.check(_diag == "", "ppo_surrogate: " + _diag)
+
+# The five cases with the default epsilon.
+_CASE_R = np.array([1.8, 1.05, 1.8, 0.3, 0.3], np.float32)
+_CASE_A = np.array([1.0, 1.0, -1.0, -1.0, 1.0], np.float32)
+grading.close(grading.call(ppo_surrogate, _CASE_R, _CASE_A, **_TASK),
+              [1.2, 1.05, -1.8, -0.8, 0.3], "ppo_surrogate on the five cases (default epsilon=0.2)")
+# Fresh random ratios and advantages of both signs against the trusted reference.
+grading.close(grading.call(ppo_surrogate, _r, _a, epsilon=_eps, **_TASK), _want,
+              f"ppo_surrogate on fresh random inputs (epsilon={_eps:.4f})")
+# Broadcasting: one advantage for a whole array of ratios.
+grading.close(grading.call(ppo_surrogate, _r, -1.5, epsilon=_eps, **_TASK), _want_scalar,
+              "ppo_surrogate with a scalar advantage and an array of ratios")
+### END HIDDEN TESTS
+# Visible checks: the five cases of the table.
+np.testing.assert_allclose(ppo_surrogate(CASE_RATIOS, CASE_ADVANTAGES, clip=False),
+                           [1.8, 1.05, -1.8, -0.3, 0.3], atol=1e-6)
+np.testing.assert_allclose(ppo_surrogate(CASE_RATIOS, CASE_ADVANTAGES),
+                           [1.2, 1.05, -1.8, -0.8, 0.3], atol=1e-6)
+print("ppo_surrogate: visible checks passed")
+
+
+# %% [markdown]
+# **Predict.** Before running the table: in which of the five cases will the clipped and
+# unclipped objectives differ, and which way (up or down)? Write your guess here.
+#
+# *My prediction:*
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Task 2: the five-case table (3 points)
+#
+# Implement `surrogate_table(ratios, advantages, epsilon=0.2, surrogate=ppo_surrogate)`. It
+# returns a tuple `(unclipped, clipped, diverge)` of three arrays with one entry per case:
+#
+# * `unclipped = surrogate(ratios, advantages, epsilon, clip=False)`;
+# * `clipped = surrogate(ratios, advantages, epsilon, clip=True)`;
+# * `diverge` is a boolean array, `True` where `|unclipped - clipped| > DIVERGE_TOL` (1e-6).
+#   Use that tolerance, not `!=`: float32 rounding can leave a harmless difference of a few
+#   1e-7 at the edge of the clip range.
+#
+# Call the `surrogate` argument rather than `ppo_surrogate` directly: the tests pass a
+# trusted surrogate in, so this task is graded on the table logic alone.
+
+# %% nbgrader={"grade": false, "grade_id": "surrogate_table", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def surrogate_table(ratios, advantages, epsilon=0.2, surrogate=ppo_surrogate):
+    """Unclipped objective, clipped objective and where they differ, one entry per case.
+
+    Returns:
+      (unclipped, clipped, diverge): arrays of shape [n_cases]; diverge is boolean,
+      |unclipped - clipped| > DIVERGE_TOL.
+    """
+    ### BEGIN SOLUTION
+    unclipped = surrogate(ratios, advantages, epsilon, clip=False)
+    clipped = surrogate(ratios, advantages, epsilon, clip=True)
+    diverge = jnp.abs(unclipped - clipped) > DIVERGE_TOL
+    return unclipped, clipped, diverge
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "show_table", "locked": true, "schema_version": 3, "solution": false, "task": false}
+unclipped, clipped, diverge = surrogate_table(CASE_RATIOS, CASE_ADVANTAGES, EPSILON)
+for name, r, a, u, c, d in zip(CASE_NAMES, CASE_RATIOS, CASE_ADVANTAGES, unclipped, clipped, diverge):
+    print(f"{name:34s} ratio={float(r):4.2f} A={float(a):+4.1f} "
+          f"unclipped={float(u):+7.4f} clipped={float(c):+7.4f} diverge={bool(d)}")
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_surrogate_table", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# test_surrogate_table: surrogate_table returns (unclipped, clipped, diverge) for fresh cases, computed with the surrogate it is given
+### BEGIN HIDDEN TESTS
+def _trusted_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+    # The grader's own surrogate (NumPy, float32), passed in so that a mistake in Task 1 is not
+    # charged again here.
+    ratio = np.asarray(ratio, np.float32)
+    advantage = np.asarray(advantage, np.float32)
+    unclipped = ratio * advantage
+    if not clip:
+        return unclipped
+    return np.minimum(unclipped, np.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
+
+_CASE_R = np.array([1.8, 1.05, 1.8, 0.3, 0.3], np.float32)
+_CASE_A = np.array([1.0, 1.0, -1.0, -1.0, 1.0], np.float32)
+grading.close(_trusted_surrogate(_CASE_R, _CASE_A), [1.2, 1.05, -1.8, -0.8, 0.3], "grader self-check")
+_rng = grading.rng("surrogate_table")
+_TASK = {"task": "surrogate_table", "forbid": ("clipped_surrogate",)}
+_eps = float(_rng.uniform(0.1, 0.35))
+_n = 16
+# Fresh ratios kept at least 1e-3 away from the clip edges, advantages of both signs ...
+_r = _rng.uniform(0.2, 2.2, 8 * _n)
+_r = _r[np.abs(np.abs(_r - 1.0) - _eps) > 1e-3][:_n - 3].astype(np.float32)
+_a = (_rng.choice([-1.0, 1.0], _n - 3) * _rng.uniform(0.3, 2.0, _n - 3)).astype(np.float32)
+_r[0], _a[0] = 1 + _eps + _rng.uniform(0.1, 1.0), _rng.uniform(0.3, 2.0)       # surely clipped, A > 0
+_r[1], _a[1] = (1 - _eps) * _rng.uniform(0.1, 0.85), -_rng.uniform(0.3, 2.0)  # surely clipped, A < 0
+# ... plus three edge cases where float32 rounding leaves a gap of a few 1e-7 only: a ratio
+# 4 float32 steps above 1 + eps (A = +1) or below 1 - eps (A = -1) does NOT diverge.
+_up, _down = np.float32(1 + _eps), np.float32(1 - _eps)
+for _k in range(4):
+    _up = np.nextafter(_up, np.float32(2)); _down = np.nextafter(_down, np.float32(0))
+_r = np.concatenate([_r, np.array([_up, _down, _up], np.float32)])
+_a = np.concatenate([_a, np.array([1.0, -1.0, -1.0], np.float32)])
+_unc = _trusted_surrogate(_r, _a, _eps, clip=False).astype(np.float64)
+_cl = _trusted_surrogate(_r, _a, _eps).astype(np.float64)
+_div = np.abs(_unc - _cl) > 1e-6
+grading.check(bool(_div[0] and _div[1] and not _div[-3] and not _div[-2]), "grader self-check (edge cases)")
+_out = grading.call(surrogate_table, _r, _a, epsilon=_eps, surrogate=_trusted_surrogate, **_TASK)
+grading.check(_out.shape == (3, _n),
+              f"surrogate_table must return (unclipped, clipped, diverge) with one entry per input "
+              f"case ({_n} here), got an array of shape {_out.shape}. A table copied from the "
+              f"printout does not follow fresh inputs.")
+_hint = ("Compute the columns from the inputs with the surrogate argument; hard-coded values "
+         "fail on fresh inputs.")
+if grading.matches(_out[0], _cl) and grading.matches(_out[1], _unc):
+    _hint = "The columns are swapped: return (unclipped, clipped, diverge) in that order."
+grading.close(_out[0], _unc, "unclipped column on fresh inputs", hint=_hint)
+grading.close(_out[1], _cl, "clipped column on fresh inputs", hint=_hint)
+_edge_hint = ""
+if grading.matches(_out[2][-3:-1], [1.0, 1.0]):
+    _edge_hint = ("At the edge of the clip range the two terms differ by a few 1e-7 (float32 "
+                  "rounding, not a clip): use |unclipped - clipped| > DIVERGE_TOL, not an exact "
+                  "comparison.")
+grading.equal(_out[2], _div, "diverge column on fresh inputs (1 = True)",
+              hint=_edge_hint or "diverge is |unclipped - clipped| > DIVERGE_TOL = 1e-6.")
+# The five cases of the module.
+_five = grading.call(surrogate_table, _CASE_R, _CASE_A, surrogate=_trusted_surrogate, **_TASK)
+grading.equal(_five[2], [1.0, 0.0, 0.0, 1.0, 0.0], "diverge column of the five cases (1 = True)")
+grading.close(_five[:2], [[1.8, 1.05, -1.8, -0.3, 0.3], [1.2, 1.05, -1.8, -0.8, 0.3]],
+              "unclipped and clipped columns of the five cases")
+### END HIDDEN TESTS
+# Visible checks (a reference surrogate is passed in, as the hidden tests do).
+_ref = lambda r, a, epsilon=0.2, clip=True: (
+    grading.reference.clipped_surrogate(r, a, epsilon) if clip else jnp.asarray(r) * a)
+u, c, d = surrogate_table(CASE_RATIOS, CASE_ADVANTAGES, surrogate=_ref)
+np.testing.assert_allclose(u, [1.8, 1.05, -1.8, -0.3, 0.3], atol=1e-6)
+np.testing.assert_allclose(c, [1.2, 1.05, -1.8, -0.8, 0.3], atol=1e-6)
+assert list(np.asarray(d)) == [True, False, False, True, False], d
+print("surrogate_table: visible checks passed")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "read_table", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Reading the table.** The clip changes two rows, and in both it makes the objective
+# *flat*: once a good action's ratio is above $1+\varepsilon$, or a bad action's ratio is
+# below $1-\varepsilon$, moving further earns nothing more. The row "bad action, ratio grew a
+# lot" is left alone on purpose: the min keeps the full, more negative $\rho A$, so an update
+# that went the wrong way is never forgiven. The clip restrains overshooting; it never
+# weakens a correction.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ex1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Exercise 1: find the clip boundary by a sweep (4 points)
+#
+# Sweep the ratio over the grid `DEFAULT_RATIOS` = 0.50, 0.55, ..., 2.00 (31 points) with a
+# fixed advantage and watch the `diverge` column: for $A > 0$ it is `False` up to the clip
+# boundary and `True` beyond it; for $A < 0$ it is `True` below the boundary and `False` from
+# it on.
+#
+# At the boundary ratio itself both terms are equal (the clip touches but does not bind), so
+# the *first* diverging grid ratio for $A = +1$ is 1.25, one step past 1.2. The boundary is
+# therefore defined as **the non-diverging grid ratio that sits next to a diverging one**.
+#
+# Implement `clip_boundary(epsilon, advantage, ratios=DEFAULT_RATIOS, surrogate=ppo_surrogate)`:
+#
+# * `ratios` is an increasing 1-D grid; you may assume `diverge` switches exactly once on it;
+# * compute `diverge` on the grid with the `surrogate` argument and `DIVERGE_TOL`;
+# * return, as a Python `float`, the grid ratio on the non-diverging side of the switch.
+#
+# On the default grid with $\varepsilon = 0.2$ this gives 1.2 for $A = +1$ (the boundary seen
+# from below, where the objective stops rising) and 0.8 for $A = -1$ (the diverging region
+# lies below it). The hidden tests use other $\varepsilon$, both advantage signs and grids
+# that do not contain $1 \pm \varepsilon$ at all: the answer must come from the sweep, not
+# from the formula. The tolerance is what makes this safe on a float32 grid, where
+# 0.5 + 0.05·14 and 1 + 0.2 may differ in the last bit.
+
+# %% nbgrader={"grade": false, "grade_id": "ex1_grid", "locked": true, "schema_version": 3, "solution": false, "task": false}
+DEFAULT_RATIOS = 0.5 + 0.05 * jnp.arange(31)   # 0.50, 0.55, ..., 2.00 (float32)
+
+
+# %% [markdown]
+# **Predict.** With $\varepsilon = 0.2$ and $A = -1$: which grid ratios will diverge, and
+# what will the plot of the clipped objective look like below the boundary? Does the
+# boundary move if the advantage is $-2$ instead of $-1$, or if $\varepsilon = 0.3$?
+#
+# *My prediction:*
+
+# %% nbgrader={"grade": false, "grade_id": "clip_boundary", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def clip_boundary(epsilon, advantage, ratios=DEFAULT_RATIOS, surrogate=ppo_surrogate):
+    """Grid ratio where the clip starts to bind, found by sweeping ``ratios``.
+
+    Args:
+      epsilon: clip range. advantage: a fixed advantage (either sign).
+      ratios: increasing 1-D grid of ratios; diverge switches exactly once on it.
+      surrogate: function like ppo_surrogate(ratio, advantage, epsilon, clip).
+
+    Returns:
+      float: the non-diverging grid ratio adjacent to a diverging one.
+    """
+    ### BEGIN SOLUTION
+    ratios = jnp.asarray(ratios, dtype=jnp.float32)
+    gap = jnp.abs(surrogate(ratios, advantage, epsilon, clip=False) - surrogate(ratios, advantage, epsilon, clip=True))
+    diverge = np.asarray(gap > DIVERGE_TOL)
+    switch = int(np.flatnonzero(diverge[1:] != diverge[:-1])[0])   # change between switch and switch + 1
+    i = switch if not diverge[switch] else switch + 1
+    return float(ratios[i])
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "ex1_sweep", "locked": true, "schema_version": 3, "solution": false, "task": false}
+for advantage in (1.0, -1.0):
+    gap = jnp.abs(ppo_surrogate(DEFAULT_RATIOS, advantage, EPSILON, clip=False)
+                  - ppo_surrogate(DEFAULT_RATIOS, advantage, EPSILON))
+    diverging = np.asarray(DEFAULT_RATIOS)[np.asarray(gap > DIVERGE_TOL)]
+    print(f"A={advantage:+.0f}: diverging grid ratios {diverging.min():.2f} .. {diverging.max():.2f}; "
+          f"boundary = {clip_boundary(EPSILON, advantage):.2f}")
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
+for ax, advantage in zip(axes, (1.0, -1.0)):
+    # Both curves are piecewise linear with kinks at 1 +/- epsilon, which lie on the grid.
+    ax.plot(DEFAULT_RATIOS, ppo_surrogate(DEFAULT_RATIOS, advantage, EPSILON, clip=False), "--",
+            color="grey", label="unclipped ρA")
+    ax.plot(DEFAULT_RATIOS, ppo_surrogate(DEFAULT_RATIOS, advantage, EPSILON), color="C0", lw=2,
+            label="clipped (PPO)")
+    ax.axvspan(1 - EPSILON, 1 + EPSILON, color="C2", alpha=0.12, label="trust region [1-ε, 1+ε]")
+    boundary = clip_boundary(EPSILON, advantage)
+    ax.axvline(boundary, color="C3", ls=":", label=f"boundary found by sweep: {boundary:.2f}")
+    ax.set_title(f"advantage A = {advantage:+.0f}")
+    ax.set_xlabel("probability ratio ρ = π_new(a)/π_old(a) (dimensionless)")
+    ax.set_ylabel("surrogate objective (advantage units)")
+    ax.legend(fontsize=8)
+fig.tight_layout()
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_clip_boundary", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+# test_clip_boundary: clip_boundary finds the grid ratio where the clip starts to bind, for fresh epsilons, both signs of A and other grids
+### BEGIN HIDDEN TESTS
+def _trusted_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+    # The grader's own surrogate (NumPy, float32), passed in so that a mistake in Task 1 is not
+    # charged again here.
+    ratio = np.asarray(ratio, np.float32)
+    advantage = np.asarray(advantage, np.float32)
+    unclipped = ratio * advantage
+    if not clip:
+        return unclipped
+    return np.minimum(unclipped, np.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
+
+_CASE_R = np.array([1.8, 1.05, 1.8, 0.3, 0.3], np.float32)
+_CASE_A = np.array([1.0, 1.0, -1.0, -1.0, 1.0], np.float32)
+grading.close(_trusted_surrogate(_CASE_R, _CASE_A), [1.2, 1.05, -1.8, -0.8, 0.3], "grader self-check")
+_rng = grading.rng("clip_boundary")
+_TASK = {"task": "clip_boundary", "forbid": ("clipped_surrogate",)}
+_DEFAULT = (0.5 + 0.05 * np.arange(31)).astype(np.float32)
+
+def _expected(eps, adv, grid):
+    # Trusted sweep: (the non-diverging grid ratio next to a diverging one, that neighbour).
+    grid = np.asarray(grid, np.float32)
+    gap = np.abs(_trusted_surrogate(grid, adv, eps, clip=False) - _trusted_surrogate(grid, adv, eps))
+    div = gap > 1e-6
+    i = int(np.flatnonzero(div[1:] != div[:-1])[0])
+    calm, first = (i, i + 1) if not div[i] else (i + 1, i)
+    return float(grid[calm]), float(grid[first])
+
+_cases = []   # (epsilon, advantage, grid or None for the default, label)
+_eps = float(_rng.choice([0.05, 0.1, 0.15, 0.25, 0.3, 0.35, 0.4]))  # on the default grid
+_cases.append((0.2, float(_rng.uniform(0.5, 2.0)), None, "the default grid"))
+_cases.append((0.2, -float(_rng.uniform(0.5, 2.0)), None, "the default grid"))
+_cases.append((_eps, float(_rng.choice([-1, 1]) * _rng.uniform(0.5, 2.0)), None, "the default grid"))
+_eps = float(_rng.uniform(0.05, 0.45))   # fresh epsilon and fresh 16-point grids
+for _adv in (1.0, -1.0):
+    _b = 1 + _eps if _adv > 0 else 1 - _eps
+    _step = float(_rng.uniform(0.01, 0.03))
+    _k = int(_rng.integers(3, 13))              # index of 1 +/- epsilon on the grid
+    _grid = (_b + _step * (np.arange(16) - _k)).astype(np.float32)
+    _cases.append((_eps, _adv * float(_rng.uniform(0.5, 3.0)), _grid,
+                   f"a fresh grid (step {_step:.4f}) through 1{'+' if _adv > 0 else '-'}epsilon"))
+    _off = float(_rng.uniform(0.25, 0.75))      # ... and one that misses it
+    _grid = (_b + _step * (np.arange(16) - _k - _off)).astype(np.float32)
+    _cases.append((_eps, _adv * float(_rng.uniform(0.5, 3.0)), _grid,
+                   f"a fresh grid (step {_step:.4f}) that does not contain 1{'+' if _adv > 0 else '-'}epsilon"))
+
+for _eps_c, _adv_c, _grid_c, _label in _cases:
+    _want, _first_div = _expected(_eps_c, _adv_c, _DEFAULT if _grid_c is None else _grid_c)
+    _kw = {"surrogate": _trusted_surrogate, **_TASK}
+    if _grid_c is not None:
+        _kw["ratios"] = _grid_c
+    _got = grading.call(clip_boundary, _eps_c, _adv_c, **_kw)
+    _hint = ""
+    if grading.matches(_got, _first_div):
+        _hint = ("You returned the first DIVERGING ratio; the boundary is the non-diverging grid "
+                 "ratio next to it (at the boundary both terms are equal).")
+    elif _adv_c < 0 and grading.matches(_got, 1 + _eps_c, atol=1e-4):
+        _hint = ("For a negative advantage the clip binds BELOW 1 - epsilon: the diverging region "
+                 "is the low ratios, so the boundary is near 1 - epsilon.")
+    elif grading.matches(_got, (1 + _eps_c) if _adv_c > 0 else (1 - _eps_c)):
+        _hint = ("That is the formula value, but this grid does not contain it: return the grid "
+                 "ratio found by the sweep.")
+    grading.close(_got, _want, f"clip_boundary(epsilon={_eps_c:.4f}, advantage={_adv_c:+.3f}) on {_label}",
+                  hint=_hint, atol=1e-6)
+### END HIDDEN TESTS
+# Visible checks on the default grid (a reference surrogate is passed in).
+_ref = lambda r, a, epsilon=0.2, clip=True: (
+    grading.reference.clipped_surrogate(r, a, epsilon) if clip else jnp.asarray(r) * a)
+assert abs(clip_boundary(0.2, 1.0, surrogate=_ref) - 1.2) < 1e-6
+assert abs(clip_boundary(0.2, -1.0, surrogate=_ref) - 0.8) < 1e-6
+assert isinstance(clip_boundary(0.2, 1.0, surrogate=_ref), float)
+print("clip_boundary: visible checks passed")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ex3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Exercise 3: a deserved update that the clip caps anyway (5 points)
+#
+# Advantages are estimates. Sometimes an action really is much better than expected and a
+# large increase of its probability would be right, yet PPO still caps what one step may earn
+# for it.
+#
+# Set `capped_ratio` and `capped_advantage` to a pair where the advantage is **positive**
+# (the action is good), the ratio is **above $1+\varepsilon$** ($\varepsilon = 0.2$) and the
+# clipped objective is **strictly smaller** than the unclipped one
+# (2 points, checked against the library's reference).
+# Then explain the trade-off below (3 points).
+
+# %% [markdown]
+# **Predict.** For your pair, how much of the unclipped objective will the clip remove?
+#
+# *My prediction:*
+
+# %% nbgrader={"grade": false, "grade_id": "capped_pair", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+capped_ratio = 1.8       # a good action whose probability the update nearly doubled
+capped_advantage = 1.5   # and that really was much better than expected
+### END SOLUTION
+
+# %% nbgrader={"grade": false, "grade_id": "show_capped", "locked": true, "schema_version": 3, "solution": false, "task": false}
+u = float(ppo_surrogate(capped_ratio, capped_advantage, EPSILON, clip=False))
+c = float(ppo_surrogate(capped_ratio, capped_advantage, EPSILON))
+print(f"ratio={capped_ratio}, A={capped_advantage}: unclipped {u:.4f}, clipped {c:.4f}, "
+      f"the clip removes {u - c:.4f} ({(u - c) / u:.0%} of the incentive)")
+
+# %% nbgrader={"grade": true, "grade_id": "test_capped_pair", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_capped_pair: the pair has A > 0, a ratio above 1 + epsilon and a clipped objective strictly below the unclipped one
+### BEGIN HIDDEN TESTS
+grading.check("capped_ratio" in globals() and "capped_advantage" in globals(),
+              "Exercise 3: define both capped_ratio and capped_advantage.")
+try:
+    _pair = np.array([capped_ratio, capped_advantage], dtype=np.float64).reshape(2)
+except Exception:
+    _pair = None
+grading.check(_pair is not None, "Exercise 3: capped_ratio and capped_advantage must each be one number.")
+grading.check(bool(np.all(np.isfinite(_pair))), "Exercise 3: the pair must be finite numbers.")
+_r, _a = float(_pair[0]), float(_pair[1])
+grading.check(_a > 0, f"Exercise 3 asks for a GOOD action: the advantage must be positive (got {_a}).")
+grading.check(_r > 1.2, f"Exercise 3: the ratio must lie above 1 + epsilon = 1.2 so the clip can bind (got {_r}).")
+_c = grading.reference.clipped_surrogate(jnp.float32(_r), jnp.float32(_a), 0.2)
+_c = float(np.asarray(_c, np.float64))
+grading.check(_c < _r * _a - 1e-6,
+              f"Exercise 3: the clipped objective ({_c:.6f}) must be strictly smaller than the "
+              f"unclipped one ({_r * _a:.6f}).")
+### END HIDDEN TESTS
+assert capped_advantage > 0 and capped_ratio > 1 + EPSILON
+print("capped pair: visible checks passed")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ex3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Explain (3 points).** Using the numbers printed above: what
+# does the clip take away from this update, and why does PPO accept that loss rather than
+# trust a single advantage estimate? What happens on the next iteration if the action really
+# is that good?
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "ex3_explanation", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# **Rubric (3 points).**
+# - 1 pt: quotes their own printed numbers, e.g. ratio 1.8 and A = 1.5 give unclipped 2.7
+#   but clipped 1.8, so the step's incentive is capped at (1 + epsilon) A and a third of it is
+#   removed; beyond 1.2 the objective is flat, so there is no gradient to push further.
+# - 1 pt: the reason: advantages are noisy estimates; an overestimated or lucky advantage
+#   with an unbounded objective could drive one huge, hard-to-undo policy change, and a
+#   destructive jump costs more than a slightly slower correct one.
+# - 1 pt: the cap is per step, not a ceiling on the total change: the next rollout collects
+#   fresh data with a new old policy (ratio back to 1), so if the advantage stays positive the
+#   probability keeps rising step after step, just gradually.
+# ### END SOLUTION
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "end_nb1", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# Continue with `02_kl_penalty_and_review.ipynb`: the KL penalty, the beta sweep, the
+# independent challenge and the review questions.

@@ -1,0 +1,627 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "intro_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# # Make it yours
+#
+# Short experiments that probe the pieces you built: both clipping directions, why a
+# baseline does not bias the gradient, KL at the reference, detaching behaviour
+# information in a new setting, and the analytic optimum of the regularised objective.
+# The trained run comes from the course library (`seed_style_train`, the lesson's own loop),
+# so this notebook does not depend on your earlier answers.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "points_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Points.** This notebook: **20 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **50 points**: 44 autograded and 6 graded by hand.
+#
+# | graded cell | points | how |
+# |---|---|---|
+# | `test_clip_directions` | 2 | autograded |
+# | `test_score_terms` | 2 | autograded |
+# | `test_zero_kl` | 2 | autograded |
+# | `test_transfer_value` | 2 | autograded |
+# | `test_transfer_detached` | 2 | autograded |
+# | `test_optimum_log_space` | 2 | autograded |
+# | `test_optimum_bound` | 2 | autograded |
+# | `diagnose_answer` | 2 | graded by hand |
+# | `understanding_a1` | 2 | graded by hand |
+# | `understanding_a2` | 2 | graded by hand |
+#
+# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is.
+
+# %% nbgrader={"grade": false, "grade_id": "grading_start", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from rlhf_lab import grading
+grading.start()
+
+# %% nbgrader={"grade": false, "grade_id": "imports_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import jax
+import jax.numpy as jnp
+import numpy as np
+import matplotlib.pyplot as plt
+from rlhf_lab import lesson_rewards
+from rlhf_lab.lesson import seed_style_train
+
+rewards = lesson_rewards()                                      # frozen rewards, [3]
+lesson_run = seed_style_train()                                 # the library's run of the lesson loop
+ref_logp = jax.nn.log_softmax(jnp.array([0.2, 0.0, -0.2]))      # fixed reference, [3]
+final_logp = jax.nn.log_softmax(lesson_run["final_logits"])     # trained policy, [3]
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "clip_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 1. Both clipping directions
+#
+# Write `signed_clip_terms(ratios, advantages, epsilon)` returning the per-sample terms
+# $\min(\rho A, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon)A)$ for arrays of ratios and
+# advantages (do not call the library's PPO functions).
+
+# %% [markdown]
+# **Predict** (not graded, but write it down *before* running the next cell):
+# for $(\rho, A) = (1.5, 2)$ the unclipped product is 3. For $(0.5, -2)$ it is $-1$. What
+# will the two clipped terms be, and why does the *negative* advantage pick the more
+# negative product?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "signed_clip_terms_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def signed_clip_terms(ratios, advantages, epsilon):
+    """Per-sample signed clipped surrogate: min(rho * A, clip(rho, 1-eps, 1+eps) * A), same shape as ratios."""
+    ### BEGIN SOLUTION
+    ratios = jnp.asarray(ratios)
+    advantages = jnp.asarray(advantages)
+    return jnp.minimum(ratios * advantages, jnp.clip(ratios, 1.0 - epsilon, 1.0 + epsilon) * advantages)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "experiment_clip_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+terms = signed_clip_terms(np.array([1.5, 0.5]), np.array([2.0, -2.0]), 0.2)
+print("Clipped surrogate terms:", np.asarray(terms))
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_clip_directions", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_clip_directions: the terms for (1.5, 2) and (0.5, -2) are [2.4, -1.6], and fresh ratios of both advantage signs match min(rho*A, clip(rho)*A)
+### BEGIN HIDDEN TESTS
+def _diagnose(got, want, mistakes, task, rtol=1e-4, atol=1e-5):
+    """If got != want, name the classic mistake it matches; `mistakes()` -> {message: wrong formula's value}."""
+    if not grading.matches(got, want, rtol=rtol, atol=atol):
+        for message, wrong in mistakes().items():
+            grading.check(not grading.matches(got, wrong, rtol=rtol, atol=atol), f"{task}: {message}")
+FORBID = ("clipped_surrogate", "ppo_loss")
+named = grading.call(signed_clip_terms, np.array([1.5, 0.5]), np.array([2.0, -2.0]), 0.2,
+                     task="signed_clip_terms", forbid=FORBID)
+_diagnose(named, [2.4, -1.6], lambda: {
+    "ratio clipped but the signed min was dropped (negative-advantage case wrong)": [2.4, -1.0],
+    "neither term is clipped: use min(rho*A, clip(rho, 1-eps, 1+eps)*A)": [3.0, -1.0],
+}, "signed_clip_terms", atol=1e-6)
+grading.close(named, [2.4, -1.6], "terms for (1.5, 2) and (0.5, -2)", rtol=0.0, atol=1e-6)
+rng = grading.rng("clip_directions")
+eps = float(rng.uniform(0.1, 0.3))
+ratios = np.concatenate([rng.uniform(0.3, 1 - eps - 0.02, 4), rng.uniform(1 - eps + 0.02, 1 + eps - 0.02, 4),
+                         rng.uniform(1 + eps + 0.02, 2.5, 4)])
+advs = np.tile([1.0, -1.0], 6) * rng.uniform(0.2, 3.0, 12)
+got = grading.call(signed_clip_terms, ratios, advs, eps, task="signed_clip_terms", forbid=FORBID)
+clipped = np.clip(ratios, 1 - eps, 1 + eps)
+want = np.minimum(ratios * advs, clipped * advs)
+_diagnose(got, want, lambda: {
+    "ratio clipped but the signed min was dropped (negative-advantage case wrong)":
+        np.minimum(ratios, clipped) * advs,
+    "only the clipped product is used: the min with rho*A is missing": clipped * advs,
+    "the clip range ignores the epsilon argument": np.minimum(ratios * advs, np.clip(ratios, 0.8, 1.2) * advs),
+}, "signed_clip_terms")
+grading.close(got, want, f"terms for fresh ratios and advantages of both signs (epsilon {eps:.3f})",
+              rtol=1e-5, atol=1e-5)
+### END HIDDEN TESTS
+np.testing.assert_allclose(np.asarray(terms), [2.4, -1.6], atol=1e-6,
+                           err_msg="signed clipped terms for (rho, A) = (1.5, 2) and (0.5, -2)")
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "baseline_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 2. The baseline cancels, exactly
+#
+# The score-function gradient of the expected reward can use any constant baseline $c$:
+#
+# $$\nabla_\theta \sum_a \pi(a) r(a) = \sum_a \pi(a)\,\nabla_\theta\log\pi(a)\,\big(r(a) - c\big),$$
+#
+# because $\sum_a \pi(a)\nabla_\theta\log\pi(a) = \nabla_\theta \sum_a \pi(a) = 0$. With three actions
+# we can enumerate the sum instead of trusting a noisy sample.
+#
+# Write `score_terms(logits, rewards, baseline)` returning the `[n_actions, n_params]`
+# matrix whose row $a$ is $\pi(a)\,(r(a) - c)\,\nabla_\theta\log\pi(a)$ (hint:
+# `jax.jacrev(jax.nn.log_softmax)(logits)` has row $a$ equal to $\nabla_\theta\log\pi(a)$).
+# The enumerated gradient is the sum of the rows.
+
+# %% [markdown]
+# **Predict** (not graded, but write it down *before* running the next cell):
+# as the baseline c moves from -3 to 3, will the enumerated gradient (sum of rows) change?
+# Will the variance of a one-sample estimate change?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "score_terms_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def score_terms(logits, rewards, baseline):
+    """Rows pi(a) (r(a) - c) grad_theta log pi(a) for every action a: shape [n_actions, n_params]."""
+    ### BEGIN SOLUTION
+    probs = jax.nn.softmax(logits)
+    score = jax.jacrev(jax.nn.log_softmax)(logits)
+    return probs[:, None] * (rewards - baseline)[:, None] * score
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "experiment_baseline", "locked": true, "schema_version": 3, "solution": false, "task": false}
+probe = jnp.array([0.3, -0.2, 0.1])
+probe_probs = np.asarray(jax.nn.softmax(probe))
+exact = np.asarray(jax.grad(lambda z: jnp.sum(jax.nn.softmax(z) * rewards))(probe))
+baselines = np.linspace(-3.0, 3.0, 13)
+rows = [np.asarray(score_terms(probe, rewards, c)) for c in baselines]
+enumerated = np.array([r.sum(axis=0) for r in rows])
+# variance of the one-sample estimate g(a) = grad log pi(a) (r(a) - c), a ~ pi, summed over components
+variance = np.array([np.sum(r**2 / probe_probs[:, None]) - np.sum(r.sum(axis=0) ** 2) for r in rows])
+print("largest |enumerated - exact| over all baselines:", np.abs(enumerated - exact).max())
+
+fig, (ax_g, ax_v) = plt.subplots(1, 2, figsize=(11, 3.5))
+for j in range(3):
+    ax_g.plot(baselines, enumerated[:, j], label=f"enumerated, logit {j}")
+    ax_g.axhline(exact[j], color="black", linestyle=":", linewidth=0.8)
+ax_g.set_xlabel("baseline c (reward-model score units)")
+ax_g.set_ylabel("gradient component (score units per logit unit)")
+ax_g.set_title("Enumerated gradient vs c (dotted: exact)")
+ax_g.legend(fontsize="small")
+ax_v.plot(baselines, variance, color="#d62728")
+ax_v.axvline(float(jnp.sum(jax.nn.softmax(probe) * rewards)), color="grey", linestyle="--",
+             label="c = expected reward")
+ax_v.set_xlabel("baseline c (reward-model score units)")
+ax_v.set_ylabel("variance of one-sample estimate (score units per logit unit)²")
+ax_v.set_title("The baseline changes the variance, not the mean")
+ax_v.legend(fontsize="small")
+plt.show()
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_score_terms", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_score_terms: for fresh logits, rewards and several baselines the rows equal pi(a)(r(a)-c)(e_a - pi) and sum to the exact reward gradient
+### BEGIN HIDDEN TESTS
+def _diagnose(got, want, mistakes, task, rtol=1e-4, atol=1e-5):
+    """If got != want, name the classic mistake it matches; `mistakes()` -> {message: wrong formula's value}."""
+    if not grading.matches(got, want, rtol=rtol, atol=atol):
+        for message, wrong in mistakes().items():
+            grading.check(not grading.matches(got, wrong, rtol=rtol, atol=atol), f"{task}: {message}")
+R = grading.reference
+rng = grading.rng("score_terms")
+n = 3  # the lesson's number of actions, fresh values
+for _ in range(3):
+    logits = jnp.asarray(rng.normal(size=n), jnp.float32)
+    rewards_fresh = jnp.asarray(rng.normal(scale=2.0, size=n), jnp.float32)
+    c = float(rng.normal(scale=3.0))
+    got = grading.call(score_terms, logits, rewards_fresh, c, task="score_terms",
+                       forbid=("enumerated_baseline_gradient", "exact_reward_gradient"))
+    p = np.exp(np.asarray(jax.nn.log_softmax(logits), np.float64))
+    r = np.asarray(rewards_fresh, np.float64)
+    score = np.eye(n) - p[None, :]
+    want = (p * (r - c))[:, None] * score
+    _diagnose(got, want, lambda: {
+        "the baseline c is not subtracted from the rewards": (p * r)[:, None] * score,
+        "each row must be weighted by the probability pi(a)": (r - c)[:, None] * score,
+        "rows and columns are swapped: row a holds action a's contribution": want.T,
+    }, "score_terms")
+    grading.close(got, want, f"score terms for baseline c = {c:.3f}", rtol=1e-4, atol=1e-5)
+    grading.close(got.sum(axis=0), R.exact_reward_gradient(logits, rewards_fresh),
+                  "sum of the score terms (the enumerated gradient)", rtol=1e-4, atol=1e-5)
+### END HIDDEN TESTS
+np.testing.assert_allclose(enumerated, np.tile(exact, (len(baselines), 1)), atol=1e-6,
+                           err_msg="for every baseline c the summed score terms must equal the exact "
+                                   "reward gradient (a baseline changes the variance, not the mean)")
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "kl_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 3. KL at the reference
+#
+# Write `exact_kl(logp, ref_logp)` $= \sum_a \pi(a)(\log\pi(a) - \log\pi_{\text{ref}}(a))$ from
+# log-probabilities, then compute `zero_kl` (the reference against itself) and `final_kl`
+# (the trained policy `final_logp` against `ref_logp`).
+
+# %% [markdown]
+# **Predict** (not graded, but write it down *before* running the next cell):
+# is `zero_kl` exactly 0.0, or only approximately? Is `final_kl` larger, and roughly how
+# large (the lesson printed the final KL earlier)?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "exact_kl_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def exact_kl(logp, ref_logp):
+    """KL(pi || pi_ref) = sum_a exp(logp_a) (logp_a - ref_logp_a), in nats. logp, ref_logp: [n]."""
+    ### BEGIN SOLUTION
+    return jnp.sum(jnp.exp(logp) * (logp - ref_logp))
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "kl_values_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# define zero_kl (reference vs itself) and final_kl (final_logp vs ref_logp) as Python floats
+### BEGIN SOLUTION
+zero_kl = float(exact_kl(ref_logp, ref_logp))
+final_kl = float(exact_kl(final_logp, ref_logp))
+### END SOLUTION
+print("Reference/final KL:", zero_kl, final_kl)
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_zero_kl", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_zero_kl: KL at the reference is exactly 0.0, the trained policy's KL is larger (0.7824773), exact_kl matches the reference KL on fresh pairs
+### BEGIN HIDDEN TESTS
+def _diagnose(got, want, mistakes, task, rtol=1e-4, atol=1e-5):
+    """If got != want, name the classic mistake it matches; `mistakes()` -> {message: wrong formula's value}."""
+    if not grading.matches(got, want, rtol=rtol, atol=atol):
+        for message, wrong in mistakes().items():
+            grading.check(not grading.matches(got, wrong, rtol=rtol, atol=atol), f"{task}: {message}")
+R = grading.reference
+FORBID = ("categorical_kl", "regularised_objective", "ppo_loss")
+grading.equal(zero_kl, 0.0, "zero_kl, the KL of the reference to itself",
+              hint="sum_a pi(a) (log pi(a) - log pi(a)) is exactly zero")
+grading.close(final_kl, 0.7824773192405701, "final_kl of the trained policy (nats)", rtol=0.0, atol=1e-5)
+grading.check(bool(np.asarray(final_kl, np.float64) > np.asarray(zero_kl, np.float64)),
+              "the trained policy's KL must be larger than the KL at the reference")
+rng = grading.rng("zero_kl")
+n = 3  # the lesson's number of actions, fresh values
+for _ in range(3):
+    logp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=n), jnp.float32))
+    ref = jax.nn.log_softmax(jnp.asarray(rng.normal(size=n), jnp.float32))
+    grading.equal(grading.call(exact_kl, ref, ref, task="exact_kl", forbid=FORBID), 0.0,
+                  "exact_kl of a fresh reference against itself",
+                  hint="compute it from log-probabilities so the difference is exactly zero")
+    got = grading.call(exact_kl, logp, ref, task="exact_kl", forbid=FORBID)
+    lp, rp = np.asarray(logp, np.float64), np.asarray(ref, np.float64)
+    _diagnose(got, R.categorical_kl(logp, ref), lambda: {
+        "KL direction reversed: weight by the CURRENT policy, KL(pi || pi_ref)":
+            np.sum(np.exp(rp) * (rp - lp)),
+        "each log-ratio must be weighted by pi(a)": np.sum(lp - rp),
+    }, "exact_kl")
+    grading.close(got, R.categorical_kl(logp, ref), "exact_kl on a fresh pair", rtol=1e-5, atol=1e-6)
+### END HIDDEN TESTS
+assert zero_kl == 0.0 and final_kl > zero_kl, (
+    f"KL of the reference against itself must be exactly 0.0 and the trained policy's larger; "
+    f"got zero_kl = {zero_kl}, final_kl = {final_kl}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "transfer_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 4. Transfer: several prompts, detached behaviour information
+#
+# Real RLHF batches hold many prompts. Write `multi_prompt_ppo_loss(logits, old_logp,
+# actions, advantages, ref_logp, beta, epsilon)` for `P` prompts at once: `logits` and
+# `ref_logp` are `[P, n]`, `old_logp`, `actions` and `advantages` are `[P, B]` (action
+# `actions[p, i]` was sampled for prompt `p`). The loss is minus the signed clipped
+# surrogate averaged over all `P * B` samples, plus `beta` times the exact KL averaged over
+# prompts. Write it yourself (no library PPO functions), and make sure `old_logp` and
+# `advantages` stay constants. Then compute the gradients of *your* loss with respect to
+# them on the given batch.
+
+# %% nbgrader={"grade": false, "grade_id": "transfer_batch", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# P = 4 prompts that share the lesson's three actions; B = 8 sampled actions per prompt
+_rng = np.random.default_rng(5)
+P, B = 4, 8
+batch_ref = np.tile(np.asarray(ref_logp), (P, 1))                                      # [P, 3]
+batch_logits = np.asarray(lesson_run["final_logits"]) + 0.1 * _rng.normal(size=(P, 3))  # [P, 3]
+batch_actions = np.stack([_rng.choice(3, size=B, p=np.exp(row)) for row in batch_ref])  # [P, B]
+batch_old = np.take_along_axis(batch_ref, batch_actions, axis=1)                       # [P, B]
+batch_adv = np.asarray(rewards)[batch_actions] - np.exp(batch_ref) @ np.asarray(rewards)[:, None]
+
+
+# %% nbgrader={"grade": false, "grade_id": "multi_prompt_loss_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def multi_prompt_ppo_loss(logits, old_logp, actions, advantages, ref_logp, beta, epsilon):
+    """PPO loss for P prompts: -mean over P*B samples of the signed clipped term + beta * mean_p KL_p.
+
+    logits, ref_logp: [P, n]; old_logp, actions, advantages: [P, B]. Returns a scalar.
+    """
+    ### BEGIN SOLUTION
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    old_logp = jax.lax.stop_gradient(old_logp)
+    advantages = jax.lax.stop_gradient(advantages)
+    ref_logp = jax.lax.stop_gradient(ref_logp)
+    ratio = jnp.exp(jnp.take_along_axis(logp, actions, axis=1) - old_logp)
+    clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon)
+    surrogate = jnp.mean(jnp.minimum(ratio * advantages, clipped * advantages))
+    kl = jnp.mean(jnp.sum(jnp.exp(logp) * (logp - ref_logp), axis=-1))
+    return -surrogate + beta * kl
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "behaviour_grads_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# define old_grad, adv_grad: gradients of YOUR loss w.r.t. old_logp and advantages on the given batch
+# (batch_logits, batch_old, batch_actions, batch_adv, batch_ref) with beta = epsilon = 0.2
+### BEGIN SOLUTION
+old_grad, adv_grad = jax.grad(multi_prompt_ppo_loss, argnums=(1, 3))(
+    batch_logits, batch_old, batch_actions, batch_adv, batch_ref, 0.2, 0.2)
+### END SOLUTION
+print("Behaviour log probs and advantages detached:", not np.any(old_grad), not np.any(adv_grad))
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_transfer_value", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_transfer_value: on fresh prompts the loss and its gradient w.r.t. logits equal the single-prompt reference loss averaged over prompts
+### BEGIN HIDDEN TESTS
+def _diagnose(got, want, mistakes, task, rtol=1e-4, atol=1e-5):
+    """If got != want, name the classic mistake it matches; `mistakes()` -> {message: wrong formula's value}."""
+    if not grading.matches(got, want, rtol=rtol, atol=atol):
+        for message, wrong in mistakes().items():
+            grading.check(not grading.matches(got, wrong, rtol=rtol, atol=atol), f"{task}: {message}")
+R = grading.reference
+rng = grading.rng("transfer_value")
+P, n, B = 4, 3, 8  # the shapes of the given batch, fresh values
+logits = jnp.asarray(rng.normal(size=(P, n)), jnp.float32)
+ref = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(P, n)), jnp.float32), axis=-1)
+actions = jnp.asarray(rng.integers(0, n, size=(P, B)))
+old = (jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), actions, axis=1)
+       - jnp.asarray(np.log(rng.uniform(0.4, 1.8, size=(P, B))), jnp.float32))
+adv = jnp.asarray(rng.normal(size=(P, B)), jnp.float32)
+beta, eps = float(rng.uniform(0.1, 0.6)), float(rng.uniform(0.1, 0.3))
+args = (logits, old, actions, adv, ref, beta, eps)
+
+per_prompt = jax.vmap(R.ppo_loss, in_axes=(0, 0, 0, 0, 0, None, None))
+want, want_grad = jax.jit(jax.value_and_grad(
+    lambda z: jnp.mean(per_prompt(z, old, actions, adv, ref, beta, eps))))(logits)
+got = grading.call(multi_prompt_ppo_loss, *args, task="multi_prompt_ppo_loss", forbid=("ppo_loss",))
+
+
+def wrong_losses():
+    kls = np.asarray(R.categorical_kl(jax.nn.log_softmax(logits, axis=-1), ref), np.float64)
+    return {
+        "the KL is summed over prompts: average it over prompts": float(want) + beta * (kls.sum() - kls.mean()),
+        "the KL penalty is missing": float(want) - beta * kls.mean(),
+    }
+
+
+_diagnose(got, want, wrong_losses, "multi_prompt_ppo_loss")
+grading.close(got, want, "several-prompt loss on fresh prompts", rtol=1e-4, atol=1e-5,
+              hint="gather logp[p, actions[p, i]] per prompt, average the signed clipped terms over all "
+                   "samples and the exact KL over prompts")
+got_grad = grading.call(jax.grad(multi_prompt_ppo_loss), *args, task="multi_prompt_ppo_loss",
+                        forbid=("ppo_loss",))
+grading.close(got_grad, want_grad, "gradient w.r.t. logits", rtol=1e-4, atol=1e-5)
+### END HIDDEN TESTS
+assert np.shape(multi_prompt_ppo_loss(batch_logits, batch_old, batch_actions, batch_adv, batch_ref,
+                                      0.2, 0.2)) == (), "the loss must be one number (a scalar)"
+
+# %% nbgrader={"grade": true, "grade_id": "test_transfer_detached", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_transfer_detached: gradients of your several-prompt loss w.r.t. old_logp and advantages are exactly zero on fresh inputs
+### BEGIN HIDDEN TESTS
+rng = grading.rng("transfer_detached")
+P, n, B = 4, 3, 8  # the shapes of the given batch, fresh values
+logits = jnp.asarray(rng.normal(size=(P, n)), jnp.float32)
+ref = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(P, n)), jnp.float32), axis=-1)
+actions = jnp.asarray(rng.integers(0, n, size=(P, B)))
+old = (jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), actions, axis=1)
+       - jnp.asarray(np.log(rng.uniform(0.4, 1.8, size=(P, B))), jnp.float32))
+adv = jnp.asarray(rng.normal(size=(P, B)), jnp.float32)
+grad_old, grad_adv = grading.call_raw(jax.grad(multi_prompt_ppo_loss, argnums=(1, 3)), logits, old,
+                                      actions, adv, ref, float(rng.uniform(0.1, 0.6)),
+                                      float(rng.uniform(0.1, 0.3)), task="multi_prompt_ppo_loss",
+                                      forbid=("ppo_loss",), convert=False)
+grading.equal(grad_adv, np.zeros((P, B)), "gradient w.r.t. advantages",
+              hint="gradient flows into advantages: wrap them in stop_gradient")
+grading.equal(grad_old, np.zeros((P, B)), "gradient w.r.t. old_logp",
+              hint="gradient flows into old_logp: wrap the behaviour log probs in stop_gradient")
+### END HIDDEN TESTS
+assert not np.any(adv_grad), "gradient flows into advantages: wrap them in stop_gradient"
+assert not np.any(old_grad), "gradient flows into old_logp: wrap the behaviour log probs in stop_gradient"
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "optimum_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 5. Challenge: the analytic optimum bounds the regularised objective
+#
+# For a finite action set, the policy maximising $J(\pi) = \mathbb E_\pi[r] - \beta\,\mathrm{KL}(\pi\Vert\pi_{\text{ref}})$
+# is $\pi^*(a) \propto \pi_{\text{ref}}(a)\,e^{r(a)/\beta}$. Computing $e^{r/\beta}$ directly overflows
+# for small $\beta$ (try $\beta = 10^{-3}$). Work in log space instead: $\log\pi^*(a)$ differs from
+# $\log\pi_{\text{ref}}(a) + r(a)/\beta$ only by a constant that makes the probabilities sum to one.
+#
+# Write `analytic_optimum(ref_logp, rewards, beta)` (log-probabilities, computed in log space)
+# and `regularised_objective(logp, rewards, ref_logp, beta)`, then evaluate $J$ for the
+# reference, the trained policy and the optimum at $\beta = 0.2$.
+
+# %% [markdown]
+# **Predict** (not graded, but write it down *before* running the next cell):
+# order the three objective values (reference, trained, optimum). Should forty sampled PPO
+# rollouts reach the optimum exactly? Why or why not?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "analytic_optimum_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def analytic_optimum(ref_logp, rewards, beta):
+    """log pi*(a) = log_softmax(ref_logp + rewards / beta), computed in log space. Shapes [n]."""
+    ### BEGIN SOLUTION
+    return jax.nn.log_softmax(jnp.asarray(ref_logp) + jnp.asarray(rewards) / beta)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "regularised_objective_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def regularised_objective(logp, rewards, ref_logp, beta):
+    """J(pi) = sum_a pi(a) r(a) - beta * KL(pi || pi_ref), from log-probabilities. Returns a scalar."""
+    ### BEGIN SOLUTION
+    probs = jnp.exp(logp)
+    return jnp.sum(probs * rewards) - beta * jnp.sum(probs * (logp - ref_logp))
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "objective_values_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# define optimum_logp and the floats objective_reference, objective_trained, objective_optimum (beta = 0.2)
+### BEGIN SOLUTION
+optimum_logp = analytic_optimum(ref_logp, rewards, 0.2)
+objective_reference = float(regularised_objective(ref_logp, rewards, ref_logp, 0.2))
+objective_trained = float(regularised_objective(final_logp, rewards, ref_logp, 0.2))
+objective_optimum = float(regularised_objective(optimum_logp, rewards, ref_logp, 0.2))
+### END SOLUTION
+print("Regularised objective reference/trained/optimum:", objective_reference, objective_trained,
+      objective_optimum)
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_optimum_log_space", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_optimum_log_space: analytic_optimum equals log_softmax(ref_logp + r/beta) on fresh inputs, including beta = 1e-3 where exp(r/beta) overflows
+### BEGIN HIDDEN TESTS
+def _diagnose(got, want, mistakes, task, rtol=1e-4, atol=1e-5):
+    """If got != want, name the classic mistake it matches; `mistakes()` -> {message: wrong formula's value}."""
+    if not grading.matches(got, want, rtol=rtol, atol=atol):
+        for message, wrong in mistakes().items():
+            grading.check(not grading.matches(got, wrong, rtol=rtol, atol=atol), f"{task}: {message}")
+R = grading.reference
+rng = grading.rng("optimum_log_space")
+n = 3  # the lesson's number of actions, fresh values
+for beta in (float(rng.uniform(0.1, 1.0)), 1e-3):
+    ref = jax.nn.log_softmax(jnp.asarray(rng.normal(size=n), jnp.float32))
+    r = rng.normal(scale=1.5, size=n)
+    r[int(rng.integers(0, n))] = 3.0  # r / beta = 3000 when beta = 1e-3: exp overflows even in float64
+    r = jnp.asarray(r, jnp.float32)
+    got = grading.call(analytic_optimum, ref, r, beta, task="analytic_optimum",
+                       forbid=("optimal_logp", "regularised_objective"))
+    grading.check(bool(np.all(np.isfinite(got))),
+                  f"analytic_optimum returned NaN or inf for beta = {beta:g}: exp(r / beta) overflows "
+                  "(or a probability underflows to log 0); compute it in log space, "
+                  "log_softmax(ref_logp + rewards / beta)")
+    want = R.optimal_logp(ref, r, beta)
+    _diagnose(got, want, lambda: {
+        "return log-probabilities, not probabilities": np.exp(np.asarray(want, np.float64)),
+        "the rewards must be divided by beta": jax.nn.log_softmax(ref + r),
+        "the reference is missing: pi* is proportional to pi_ref(a) exp(r(a) / beta)":
+            jax.nn.log_softmax(r / beta),
+    }, "analytic_optimum")
+    grading.close(got, want, f"optimum log-probabilities for beta = {beta:g}", rtol=1e-4, atol=1e-4)
+### END HIDDEN TESTS
+assert bool(np.all(np.isfinite(np.asarray(analytic_optimum(ref_logp, rewards, 1e-3))))), (
+    "NaN or inf for beta = 0.001: exp(r / beta) overflows; compute it in log space")
+
+# %% nbgrader={"grade": true, "grade_id": "test_optimum_bound", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_optimum_bound: regularised_objective matches the reference; the optimum's objective is >= the trained, reference and random policies' (lesson values and fresh inputs with beta = 1e-3)
+### BEGIN HIDDEN TESTS
+R = grading.reference
+FORBID = ("optimal_logp", "regularised_objective")
+grading.close([objective_reference, objective_trained, objective_optimum],
+              [0.28191882371902466, 1.7620493173599243, 1.7987911701202393],
+              "regularised objective of reference / trained / optimum", rtol=0.0, atol=1e-5)
+rng = grading.rng("optimum_bound")
+n = 3  # the lesson's number of actions, fresh values
+for beta in (float(rng.uniform(0.1, 1.0)), 1e-3):
+    ref = jax.nn.log_softmax(jnp.asarray(rng.normal(size=n), jnp.float32))
+    r = jnp.asarray(rng.normal(scale=1.5, size=n), jnp.float32)
+    policies = [ref] + [jax.nn.log_softmax(jnp.asarray(rng.normal(scale=2.0, size=n), jnp.float32))
+                        for _ in range(5)]
+    for logp in policies:
+        grading.close(grading.call(regularised_objective, logp, r, ref, beta, task="regularised_objective",
+                                   forbid=FORBID),
+                      R.regularised_objective(logp, r, ref, beta),
+                      f"regularised objective of a fresh policy (beta = {beta:g})", rtol=1e-4, atol=1e-5,
+                      hint="J = sum_a pi(a) r(a) - beta * sum_a pi(a) (log pi(a) - log pi_ref(a))")
+    optimum = grading.call(analytic_optimum, ref, r, beta, task="analytic_optimum", forbid=FORBID)
+    grading.check(bool(np.all(np.isfinite(optimum))),
+                  f"analytic_optimum is not finite for beta = {beta:g}: compute it in log space")
+    best = float(R.regularised_objective(jnp.asarray(optimum, jnp.float32), r, ref, beta))
+    for k, logp in enumerate(policies):
+        other = float(R.regularised_objective(logp, r, ref, beta))
+        grading.check(best >= other - 1e-4,
+                      f"the optimum's objective {best:.6f} is below policy {k}'s {other:.6f} "
+                      f"(beta = {beta:g}): the optimum is not the maximiser")
+### END HIDDEN TESTS
+assert objective_optimum >= objective_trained - 1e-5 and objective_optimum >= objective_reference - 1e-5, (
+    "the optimum's regularised objective must be >= the trained and the reference policy's")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 6. Diagnose the result
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# A classmate's run prints ratios that are exactly 1.0 on every inner step, a clip fraction
+# of 0 throughout, and a reward curve that still rises. In a second project the learned
+# reward keeps rising while an independent human evaluation gets worse. For each case,
+# say what you suspect and one concrete check you would run to confirm it (2 points).
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "diagnose_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# **Model answer.** Ratios of exactly 1 on every inner step mean the behaviour log probs are recomputed from
+# the current parameters after each step (or taken through the same parameters), so
+# `old_logp` is not frozen at collection time. The update collapses to a plain
+# policy-gradient step and clipping can never engage. Check: store `old_logp` when the
+# batch is sampled and assert it is identical across all inner epochs; print the ratio
+# after the second inner step, which must differ from 1. Reward rising while an
+# independent evaluation falls suggests reward exploitation (over-optimising a weak reward
+# model), not alignment: check the KL to the reference, inspect high-reward samples by
+# hand, and evaluate on held-out human judgments with the reward model version fixed.
+#
+# **Rubric (2 points).**
+# - 1 point: recomputed (not frozen) old log probs as the cause of ratio = 1, with a check
+#   such as asserting `old_logp` is unchanged across inner epochs or that the ratio moves
+#   off 1 after the first step.
+# - 1 point: reward hacking / exploitation of the learned reward (not "training worked"),
+#   with a check such as held-out human evaluation, inspecting top-reward samples, or
+#   watching the KL to the reference.
+# ### END SOLUTION
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "understanding_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 7. Check your understanding
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "understanding_q1", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Q1.** Name the four objects with different lifetimes in this lesson (current policy, old
+# behaviour policy, reference policy, reward model) and say when each one changes. What goes
+# wrong if the KL is measured against the old policy instead of the reference? (2 points)
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "understanding_a1", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# **Model answer.** The current policy changes on every inner optimiser step. The old behaviour policy is a
+# snapshot taken when a batch is sampled; its log probs (and the advantages) stay fixed
+# while that batch is reused and refresh at the next rollout. The reference policy and the
+# reward model are fixed for the whole run. If the KL is taken against the old policy, the
+# anchor moves every rollout: the penalty only limits the step size and no longer keeps
+# the policy near the reference, so the policy can drift arbitrarily far over many
+# rollouts while the reported "KL" stays small.
+#
+# **Rubric (2 points).**
+# - 1 point: all four lifetimes correct (current: each step; old: per rollout; reference
+#   and reward: whole run).
+# - 1 point: KL against the old policy removes the anchor to the reference (the penalty
+#   becomes a per-rollout step-size limit, cumulative drift is unpenalised).
+# ### END SOLUTION
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "understanding_q2", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Q2.** Why must the minimum be taken over the products $\rho A$ and
+# $\operatorname{clip}(\rho)A$ rather than over the ratios? And why does the analytic optimum
+# bound the trained policy's regularised objective without implying that forty PPO rollouts
+# reach it? (2 points)
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "understanding_a2", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# **Model answer.** Multiplying by a negative advantage flips the order of the two products, so the minimum
+# of the products picks the lower clip bound for $A < 0$ and the upper bound for $A > 0$;
+# a minimum over ratios ignores the sign and, for negative advantages, removes the
+# pessimistic term (the worked example gives $-1$ instead of $-1.6$). The optimum
+# $\pi^* \propto \pi_{\text{ref}} e^{r/\beta}$ maximises $J$ over all policies, so no policy,
+# trained or not, can exceed it; but PPO only takes finite, clipped steps on sampled
+# batches, so after forty rollouts a gap remains (1.7620 vs 1.7988 here).
+#
+# **Rubric (2 points).**
+# - 1 point: the sign of A reverses which product is smaller / which bound binds; a min over
+#   ratios is wrong for negative advantages.
+# - 1 point: the optimum is a global maximiser of J (an upper bound), while sampled, clipped,
+#   finitely many updates need not reach it.
+# ### END SOLUTION
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "explorer_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 8. Play: the live explorer
+#
+# Move β and ε and watch reward, KL and the action probabilities respond. The explorer
+# re-runs the compiled trainer for every slider value (it is not graded and is skipped
+# while autograding).
+
+# %% [markdown]
+# **Predict** (not graded, but write it down *before* running the next cell):
+# if you lower β from 0.2 to 0.05, what happens to the final KL and the final reward? What
+# about a much smaller ε?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "explorer_cell", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import os
+
+if os.environ.get("NBGRADER_EXECUTION"):
+    print("The live explorer is skipped while autograding.")
+else:
+    try:
+        from rlhf_lab.explorer import explore
+    except ImportError as err:
+        print(f"The live explorer is not available in this installation: {err}")
+    else:
+        try:
+            explore()
+        except Exception as err:  # the explorer is optional: never break the notebook
+            print(f"The live explorer could not start: {type(err).__name__}: {err}")
