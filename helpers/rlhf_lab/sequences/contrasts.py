@@ -22,6 +22,7 @@ import optax
 
 from .. import checks
 from ..trainer import MAX_SEED, TRACE_COUNTS
+from . import _validate as v
 from . import exact
 from .estimators import k3
 from .language import Language, context_features, masked_mean
@@ -111,6 +112,9 @@ def group_advantages(scores: jax.Array, eps: float = 1e-6) -> jax.Array:
     Returns:
       ``[n_groups, group_size]``; a group whose responses all score the same gets 0.
     """
+    v.ndim("scores", scores, 2)
+    if np.shape(scores)[-1] < 2:
+        raise ValueError(f"scores must hold groups of at least 2 responses, got shape {np.shape(scores)}")
     mu = jnp.mean(scores, axis=-1, keepdims=True)
     sd = jnp.std(scores, axis=-1, keepdims=True)
     return (scores - mu) / (sd + eps)
@@ -124,6 +128,10 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta, epsilon) -> jax.
       ref_logp: ``[B, T]`` frozen reference; advantages: ``[B]`` (one per response, broadcast over
       its tokens); mask: ``[B, T]``; beta: KL coefficient; epsilon: clip range.
     """
+    v.same_shape(("logp", "old_logp", "ref_logp", "mask"), logp, old_logp, ref_logp, mask)
+    v.same_shape(("advantages", "mask[:, 0]"), advantages, mask[:, 0])
+    v.beta(beta)
+    v.epsilon(epsilon)
     ratio = jnp.exp(logp - jax.lax.stop_gradient(old_logp))
     adv = jax.lax.stop_gradient(advantages)[:, None]
     surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv)
@@ -262,6 +270,9 @@ def dpo_loss(logp_chosen, logp_rejected, ref_logp_chosen, ref_logp_rejected, bet
     All four arguments are ``[n]`` SEQUENCE log-probs (current policy for ``logp_*``, frozen
     reference for ``ref_logp_*``); computed with ``softplus`` so large margins cannot underflow.
     """
+    v.same_shape(("logp_chosen", "logp_rejected", "ref_logp_chosen", "ref_logp_rejected"),
+                 logp_chosen, logp_rejected, ref_logp_chosen, ref_logp_rejected)
+    v.beta(beta)
     margin = (logp_chosen - ref_logp_chosen) - (logp_rejected - ref_logp_rejected)
     return jnp.mean(jax.nn.softplus(-beta * margin))
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import checks
+from . import _validate as v
 from . import exact
 from .language import Language, prefix_tree
 from .policy import policy_logp
@@ -35,16 +36,19 @@ from .policy import policy_logp
 
 def k1(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     """``k1 = log pi(a) - log pi_ref(a)`` for sampled tokens (current policy, frozen reference)."""
+    v.same_shape(("logp", "ref_logp"), logp, ref_logp)
     return logp - ref_logp
 
 
 def k2(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     """``k2 = (log pi(a) - log pi_ref(a))^2 / 2``."""
+    v.same_shape(("logp", "ref_logp"), logp, ref_logp)
     return 0.5 * (logp - ref_logp) ** 2
 
 
 def k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     """``k3 = exp(log pi_ref(a) - log pi(a)) - 1 - (log pi_ref(a) - log pi(a))`` (``expm1`` for accuracy)."""
+    v.same_shape(("logp", "ref_logp"), logp, ref_logp)
     log_r = ref_logp - logp
     return jnp.expm1(log_r) - log_r
 
@@ -58,6 +62,7 @@ def exact_token_kl(logp_all: jax.Array, ref_logp_all: jax.Array) -> jax.Array:
     Returns:
       ``[...]`` in nats (0 exactly when the two agree).
     """
+    v.same_shape(("logp_all", "ref_logp_all"), logp_all, ref_logp_all)
     return jnp.sum(jnp.exp(logp_all) * (logp_all - ref_logp_all), axis=-1)
 
 

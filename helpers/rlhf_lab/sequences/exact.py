@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import checks
 from .language import Language, prefix_tree
@@ -109,6 +110,11 @@ def prefix_values(node_logp, ref_node_logp, score, beta, lang: Language, gamma=1
       score: ``[P, n_responses]`` terminal score of every response; beta: KL coefficient;
       gamma: discount in ``[0, 1]``.
     """
+    checks.same_shape(("node_logp", "ref_node_logp"), node_logp, ref_node_logp)
+    if np.shape(score)[-1] != lang.n_responses:
+        raise ValueError(f"score must have n_responses={lang.n_responses} entries on its last axis, got shape {np.shape(score)}")
+    if not isinstance(beta, jax.core.Tracer):
+        check_beta_gamma(beta, gamma)
     tree = prefix_tree(lang)
     V = lang.n_tokens
     T = lang.max_len

@@ -168,6 +168,7 @@ def sequence_logprob(token_logp: jax.Array, mask: jax.Array) -> jax.Array:
     Returns:
       ``[...]`` sequence log-probabilities. Mistake it avoids: summing over padding.
     """
+    checks.same_shape(("token_logp", "mask"), token_logp, mask)
     return jnp.sum(jnp.where(mask > 0, token_logp, 0.0), axis=-1)
 
 
@@ -191,6 +192,7 @@ def masked_nll(token_logp: jax.Array, mask: jax.Array) -> jax.Array:
     Returns:
       Scalar loss (nats per token).
     """
+    checks.same_shape(("token_logp", "mask"), token_logp, mask)
     return -masked_mean(token_logp, mask)
 
 

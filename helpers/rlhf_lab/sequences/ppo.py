@@ -33,6 +33,7 @@ import optax
 
 from .. import checks
 from ..trainer import MAX_SEED, TRACE_COUNTS
+from . import _validate as v
 from . import exact
 from .language import Language, context_features, masked_mean, response_mask, step_features
 from .policy import init_value, policy_logits, token_logp, value
@@ -73,6 +74,10 @@ def per_token_rewards(logp: jax.Array, ref_logp: jax.Array, score: jax.Array, ma
       ``ref_logp`` replaced by the old policy's log-probs (a penalty that is identically 0); the
       score on a padding position.
     """
+    v.same_shape(("logp", "ref_logp", "mask"), logp, ref_logp, mask)
+    v.ndim("logp", logp, 2)
+    v.same_shape(("score", "mask[:, 0]"), score, mask[:, 0])
+    v.beta(beta)
     return -beta * (logp - ref_logp) * mask + score[..., None] * last_token(mask)
 
 
@@ -91,6 +96,10 @@ def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma, lam):
     Returns:
       ``(advantages [B, T], returns [B, T])``, both 0 on padding.
     """
+    v.same_shape(("rewards", "values", "mask"), rewards, values, mask)
+    v.ndim("rewards", rewards, 2)
+    v.unit_interval("gamma", gamma, "discount")
+    v.unit_interval("lam", lam, "GAE lambda")
     values = values * mask
     next_mask = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], axis=1)
     next_values = jnp.concatenate([values[:, 1:], jnp.zeros_like(values[:, :1])], axis=1)
@@ -113,6 +122,7 @@ def whiten(advantages: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Arr
     ``mu = sum(A m) / sum(m)``, ``var = sum((A - mu)^2 m) / sum(m)``, ``A' = (A - mu) / sqrt(var + eps) * m``.
     Classic mistake: whitening over padding too (its zeros drag the mean and shrink the variance).
     """
+    v.same_shape(("advantages", "mask"), advantages, mask)
     mu = masked_mean(advantages, mask)
     var = masked_mean((advantages - mu) ** 2, mask)
     return (advantages - mu) * jax.lax.rsqrt(var + eps) * mask
@@ -127,6 +137,8 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mas
       logp: ``[B, T]`` current policy; old_logp: ``[B, T]`` behaviour policy (frozen);
       advantages: ``[B, T]`` (frozen, whitened); mask: ``[B, T]``; epsilon: clip range in (0, 1).
     """
+    v.same_shape(("logp", "old_logp", "advantages", "mask"), logp, old_logp, advantages, mask)
+    v.epsilon(epsilon)
     ratio = jnp.exp(logp - jax.lax.stop_gradient(old_logp))
     adv = jax.lax.stop_gradient(advantages)
     surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv)
@@ -139,6 +151,8 @@ def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array, mas
     ``v_clip = old_v + clip(v - old_v, -c, c)``, ``L = 0.5 sum_t m_t max((v - R)^2, (v_clip - R)^2) / sum_t m_t``.
     Classic mistake: averaging over padding positions (fits the critic to zeros that are never used).
     """
+    v.same_shape(("values", "old_values", "returns", "mask"), values, old_values, returns, mask)
+    v.positive("value_clip", value_clip)
     old_values = jax.lax.stop_gradient(old_values)
     returns = jax.lax.stop_gradient(returns)
     v_clip = old_values + jnp.clip(values - old_values, -value_clip, value_clip)
@@ -151,6 +165,9 @@ def adaptive_kl_update(beta, kl, target, horizon, n_steps):
     ``e = clip(KL / KL_target - 1, -0.2, 0.2)``, ``beta <- beta (1 + e n_steps / horizon)``, where
     ``KL`` is the batch's mean sequence KL (sum of ``k1`` over tokens) and ``n_steps`` the batch size.
     """
+    v.beta(beta)
+    v.positive("target", target)
+    v.positive("horizon", horizon)
     err = jnp.clip(kl / target - 1.0, -0.2, 0.2)
     return beta * (1.0 + err * n_steps / horizon)
 
