@@ -73,3 +73,29 @@ check-generated: venv
 environment.yml: requirements.txt
 	$(PY) tools/make_environment_yml.py > environment.yml
 
+## Running a class (README "Instructors" / "Students"): the course's nbgrader exchange, the roster,
+## the grader's guides, and JupyterLab as a student sees it.
+STUDENT_HOME ?= $(HOME)/rlhf-ppo-work
+LAB_PORT ?= 8888
+.PHONY: exchange roster guides check-guides student-lab
+
+## make exchange: create the exchange (<course>/exchange or $RLHF_EXCHANGE) with the permissions nbgrader expects
+exchange: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.exchange init
+
+## make roster: check roster.csv (or examples/roster.csv, or $RLHF_ROSTER) and import it with nbgrader db student import
+roster: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.roster
+
+## make guides: rewrite the grader's guides guides/<assignment>.md from source/
+guides: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.guide
+
+check-guides: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.guide --check
+
+## make student-lab: JupyterLab for a student (Assignment List, Course List, Validate; no instructor tools),
+## working in $(STUDENT_HOME); the instructor's own Jupyter set-up is not touched
+student-lab: venv
+	mkdir -p "$(STUDENT_HOME)"
+	cd "$(STUDENT_HOME)" && JUPYTER_CONFIG_DIR="$(CURDIR)/jupyter/student" $(RUN) $(VENV)/bin/jupyter lab --port=$(LAB_PORT) --ServerApp.root_dir="$(STUDENT_HOME)"

@@ -139,6 +139,12 @@ def _course_module(filename, name):
 
 
 _kernel_guard = _course_module("kernel_guard.py", "rlhf_lab_course_kernel_guard")
+# Every grading kernel runs in a bubblewrap sandbox (docs/sandbox.md): own PID namespace, no network,
+# only its notebook folder writable, the notebook's library build read-only. Without bwrap grading
+# refuses; RLHF_NO_SANDBOX=1 grades unprotected, with a warning.
+_sandbox = _course_module("sandbox.py", "rlhf_lab_course_sandbox")
+c.Execute.kernel_manager_class = _sandbox.SandboxedKernelManager
+c.SandboxedKernelManager.course_root = _root
 # Each kernel gets a private, verified copy of its assignment's trusted JAX compilation cache (built
 # from the source notebooks by `python -m rlhf_lab.instructor.compile_cache`, which the pipeline runs
 # before autograding); RLHF_COMPILE_CACHE=0 switches it off. See rlhf_lab/instructor/compile_cache.py.
@@ -155,3 +161,31 @@ c.GenerateFeedback.preprocessors = [
     _course_module("feedback_filter.py", "rlhf_lab_course_feedback_filter").HideHiddenTests,
     CSSHTMLHeaderPreprocessor,
 ]
+
+# --- distribution: the course-local exchange and LMS downloads (release/fetch/submit/collect) ---
+# (added for running a class; see rlhf_lab/instructor/{exchange,lms}.py and README "Instructors")
+# * The exchange is a folder of the course, <root>/exchange, or wherever $RLHF_EXCHANGE points
+#   (one variable: a shared disk on a multi-user machine). It is never nbgrader's system default
+#   (/usr/local/share/nbgrader/exchange), which `nbgrader release_assignment` run as root would
+#   silently create. `python -m rlhf_lab.instructor.exchange init` (make exchange) creates it with
+#   the permissions nbgrader checks (drwxrwxrwx), so nbgrader never has to change them.
+# * `nbgrader zip_collect ASSIGNMENT` reads the LMS download from downloaded/ASSIGNMENT/archive/
+#   and recognises Canvas's and Moodle's file naming (course collector plugin, roster lookup).
+_exchange = os.path.abspath(os.environ.get("RLHF_EXCHANGE") or os.path.join(_root, "exchange"))
+c.Exchange.root = _exchange
+c.Exchange.path_includes_course = False
+_lms = _course_module("lms.py", "rlhf_lab_course_lms")
+c.ZipCollectApp.collector_plugin = _lms.LmsFileNameCollector
+c.LmsFileNameCollector.roster = os.environ.get("RLHF_ROSTER") or _lms.default_roster(_root)
+c.LmsFileNameCollector.released = sorted({
+    _name for _a in (os.listdir(os.path.join(_root, "release")) if os.path.isdir(os.path.join(_root, "release")) else [])
+    if os.path.isdir(os.path.join(_root, "release", _a))
+    for _name in os.listdir(os.path.join(_root, "release", _a)) if _name.endswith(".ipynb")
+})
+# * Feedback for an answer still waiting for a human says "awaiting grading", not 0: a course
+#   preprocessor marks those cells and two filters let the text through nbgrader's own template.
+#   The pipeline also holds such notebooks back by default (see rlhf_lab.instructor.pipeline.feedback).
+_feedback_filter = _course_module("feedback_filter.py", "rlhf_lab_course_feedback_filter")
+if _feedback_filter.MarkPendingGrades not in c.GenerateFeedback.preprocessors:
+    c.GenerateFeedback.preprocessors = list(c.GenerateFeedback.preprocessors) + [_feedback_filter.MarkPendingGrades]
+c.HTMLExporter.filters = {"float": _feedback_filter.float_filter, "round": _feedback_filter.round_filter}

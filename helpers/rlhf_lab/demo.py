@@ -1,12 +1,21 @@
-"""``python -m rlhf_lab.demo`` (``make demo``): the instructor pipeline on the bundled example class.
+"""``python -m rlhf_lab.demo`` (``make demo``): one week of the class, on the bundled example students.
 
-Steps, all real nbgrader: regenerate ``release/`` (``generate_assignment``), collect
-``examples/submissions/`` into ``submitted/``, autograde each student in its own process into
-``autograded/``, generate feedback HTML into ``feedback/``, export ``grades.csv``, then print the
-grade table per student and per test cell (read back from the gradebook).
+Steps, all real nbgrader, the way a class runs:
+
+1. ``generate_assignment`` (``release/`` and the gradebook), then the roster
+   ``examples/roster.csv`` through ``nbgrader db student import`` (names in Formgrader and the CSV);
+2. ``release_assignment`` into the course's exchange (``<root>/exchange`` or ``$RLHF_EXCHANGE``);
+3. every bundled student (``examples/submissions/<student>/<assignment>/``) hands in through
+   nbgrader's own submit, as that student (``nbgrader submit --student``), from a folder of
+   their own; then ``collect`` copies the latest submission of each into ``submitted/``;
+4. autograde each student in its own process into ``autograded/``, generate feedback HTML into
+   ``feedback/`` (notebooks with written answers still waiting for a human are held back unless
+   ``--release-pending-feedback``), ``release_feedback`` into the exchange, export ``grades.csv``;
+5. print the grade table per student and per test cell (read back from the gradebook).
 
 By default it runs in the repository (outputs are gitignored). ``--workdir DIR`` copies the course
-into DIR first and runs there, leaving the repository untouched.
+into DIR first and runs there, leaving the repository untouched. Only the bundled students'
+earlier submissions are removed from the exchange; anyone else's stay.
 
 ``--resume`` continues an interrupted run: outputs and the gradebook are kept, and only students
 whose run record (``.autograde_runs/``) does not say their nbgrader finished are graded; feedback,
@@ -15,7 +24,9 @@ the CSV and the tables then cover everyone.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,9 +42,15 @@ def main(argv=None) -> int:
                         help="only this assignment (repeatable; default every graded assignment)")
     parser.add_argument("--student", action="append", dest="students", help="only this student (repeatable)")
     parser.add_argument("--db", help="gradebook URL (default sqlite:///<root>/gradebook.db)")
+    parser.add_argument("--roster", type=Path, help="roster CSV to import (default examples/roster.csv)")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted run: keep outputs, grade only unfinished students")
+    parser.add_argument("--release-pending-feedback", action="store_true",
+                        help="also write and release feedback for notebooks whose written answers are "
+                             "not graded yet (they say 'awaiting grading')")
     args = parser.parse_args(argv)
+
+    from .instructor import exchange, roster
 
     pipeline.ensure_venv_on_path()
     root = pipeline.course_root()
@@ -41,13 +58,16 @@ def main(argv=None) -> int:
     if args.workdir is not None:
         root = pipeline.copy_course(args.workdir, root)
         print(f"course copied to {root}")
-        # a copy grades into its own gradebook unless --db says otherwise (never into an inherited
-        # $RLHF_COURSE_DB, which may point at the repository's gradebook)
+        # a copy grades into its own gradebook and exchange unless told otherwise (never into an
+        # inherited $RLHF_COURSE_DB / $RLHF_EXCHANGE, which may be the repository's)
         db_url = db_url or "sqlite:///" + str(root / "gradebook.db")
+    ex_root = (root / "exchange") if args.workdir is not None else exchange.exchange_root(root)
     subs = (args.submissions or root / "examples" / "submissions").resolve()
     if not subs.is_dir():
         print(f"no submissions folder at {subs}: run tools/make_examples.py first", file=sys.stderr)
         return 2
+    db_url = db_url or pipeline.default_db_url(root)
+    names = args.assignments or pipeline.graded_assignments(root)
 
     def progress(run):
         status = "ok" if run.ok else f"FAILED: {run.reason}"
@@ -56,25 +76,86 @@ def main(argv=None) -> int:
             print(f"      note: {note}", flush=True)
 
     start = time.perf_counter()
-    print(f"course root {root}\ngradebook   {db_url or pipeline.default_db_url(root)}\nsubmissions {subs}")
-    print("generate -> collect -> autograde (one nbgrader process per student) -> feedback -> export")
-    resume = dict(fresh=False, force=False, regenerate=not _gradebook_has(root, db_url, args.assignments)) \
-        if args.resume else {}
-    result = pipeline.run_class(subs, root=root, db_url=db_url, names=args.assignments,
-                                students=args.students, progress=progress, **resume)
+    print(f"course root {root}\ngradebook   {db_url}\nexchange    {ex_root}\nsubmissions {subs}")
+    print("generate -> roster -> release -> students submit -> collect -> autograde (one nbgrader process "
+          "per student) -> feedback -> export")
+    steps = {}
+    resume = args.resume and bool(pipeline.already_submitted(root, names, args.students).collected) \
+        and _gradebook_has(root, db_url, names)
+    if not resume:
+        pipeline.check_config(root, db_url)
+        pipeline.clean_outputs(root)
+        t = time.perf_counter()
+        pipeline.generate(root, pipeline.assignments(root), db_url)
+        steps["generate"] = time.perf_counter() - t
+        t = time.perf_counter()
+        roster_file = (args.roster or root / "examples" / "roster.csv").resolve()
+        roster.import_roster(roster_file, root, db_url)
+        print(f"roster:     {len(roster.gradebook_students(root, db_url))} students imported from {roster_file.name} "
+              "(nbgrader db student import)")
+        steps["roster"] = time.perf_counter() - t
+        t = time.perf_counter()
+        problems = hand_in(subs, names, args.students, root, db_url, ex_root)
+        steps["exchange"] = time.perf_counter() - t
+        for why in problems:
+            print(f"  not submitted: {why}")
+    result = pipeline.run_class(None, root=root, db_url=db_url, names=names, students=args.students,
+                                progress=progress, fresh=False, regenerate=False, force=not resume,
+                                release_pending_feedback=args.release_pending_feedback)
+    t = time.perf_counter()
+    released = 0
+    for a in names:
+        if result.feedback.get(a):
+            exchange.release_feedback(a, root, db_url, ex_root)
+            released += len(result.feedback[a])
+    steps["release feedback"] = time.perf_counter() - t
     total = time.perf_counter() - start
     for (sid, a), why in sorted(result.collected.problems.items()):
         print(f"  not collected: {sid}/{a}: {why}")
     print()
     print(pipeline.format_tables(result.grades, result.runs))
     print()
-    n_fb = sum(len(v) for v in result.feedback.values())
-    print(f"feedback: {n_fb} student/assignment folders under {root / 'feedback'}")
+    n_fb = sum(len(files) for v in result.feedback.values() for files in v.values())
+    held = {a: pipeline.held_feedback(a, root, db_url) for a in names}
+    n_held = sum(len(nbs) for v in held.values() for nbs in v.values())
+    print(f"feedback: {n_fb} notebooks under {root / 'feedback'}, released to {released} student/assignment "
+          f"folders in the exchange")
+    if n_held and not args.release_pending_feedback:
+        print(f"held:     {n_held} notebooks with written answers awaiting hand grading (grade them in "
+              "Formgrader, then release; --release-pending-feedback releases them now)")
     print(f"csv:      {result.csv_path}")
     print(f"report:   {root / pipeline.REPORT_NAME}")
-    steps = ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items())
-    print(f"time:     {total:.1f} s in all ({steps})")
+    seconds = {**steps, **{k: v for k, v in result.seconds.items() if k not in steps}}
+    print(f"time:     {total:.1f} s in all ({', '.join(f'{k} {v:.1f} s' for k, v in seconds.items())})")
     return 0
+
+
+def hand_in(subs: Path, names, students, root: Path, db_url: str, ex_root: Path) -> list[str]:
+    """Release each assignment into the exchange, submit every student's folder through nbgrader
+    as that student, and collect: ``submitted/`` then holds what nbgrader collected. Returns the
+    problems (a student whose submission nbgrader refused is named and skipped)."""
+    from .instructor import exchange
+
+    exchange.ensure_exchange(path=ex_root, allow_system=ex_root.is_dir())
+    wanted = set(students) if students else None
+    everyone = sorted(p.name for p in subs.iterdir() if p.is_dir() and (wanted is None or p.name in wanted))
+    exchange.forget_students(everyone, root, ex_root)
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="rlhf-demo-students-") as tmp:
+        for a in names:
+            exchange.release(a, root, db_url, ex_root)
+            homes = {}
+            for sid in everyone:
+                if (subs / sid / a).is_dir():
+                    home = Path(tmp) / sid
+                    shutil.copytree(subs / sid / a, home / a,
+                                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+                    homes[sid] = home
+            for sid, why in exchange.submit_many(a, homes, root, ex_root).items():
+                if why:
+                    problems.append(why)
+            exchange.collect(a, root, db_url, ex_root, check_owner=False)
+    return problems
 
 
 def _gradebook_has(root: Path, db_url: str | None, names) -> bool:

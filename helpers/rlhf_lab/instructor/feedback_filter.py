@@ -128,6 +128,75 @@ class HideHiddenTests(NbGraderPreprocessor):
         return cell, resources
 
 
+# ------------------------------------------------------------------------- answers awaiting grading
+AWAITING = "awaiting grading"
+
+
+def is_awaiting(value) -> bool:
+    """Whether a score value is the "awaiting grading" text :class:`MarkPendingGrades` put there."""
+    return isinstance(value, str) and AWAITING in value
+
+
+def float_filter(value, default=0.0):
+    """Jinja's ``float`` filter, except that an "awaiting grading" score passes through unchanged.
+
+    nbgrader's feedback template prints every score as ``score | float | round(2)``, which turns
+    a missing manual grade into ``0.0``. Registered as the HTML exporter's ``float`` and
+    ``round`` filters in ``nbgrader_config.py``; every other value behaves exactly as before.
+    """
+    if is_awaiting(value):
+        return value
+    from jinja2.filters import do_float
+
+    return do_float(value, default)
+
+
+def round_filter(value, precision=0, method="common"):
+    """Jinja's ``round`` filter, except that an "awaiting grading" score passes through unchanged."""
+    if is_awaiting(value):
+        return value
+    from jinja2.filters import do_round
+
+    return do_round(value, precision, method)
+
+
+def pending_cells(gradebook, notebook: str, assignment: str, student: str) -> dict:
+    """``{grade_id: max_score}`` of the cells of one submitted notebook that still wait for a person.
+
+    A cell waits when nbgrader flagged it for manual grading and nobody has entered a manual
+    score yet (a written answer before hand grading; an integrity override already has one).
+    """
+    nb = gradebook.find_submission_notebook(notebook, assignment, student)
+    return {g.name: float(g.max_score) for g in nb.grades if g.needs_manual_grade and g.manual_score is None}
+
+
+class MarkPendingGrades(NbGraderPreprocessor):
+    """Say "awaiting grading" instead of a score of 0 for answers still waiting for a human grader.
+
+    Runs after nbgrader's ``GetGrades`` in ``GenerateFeedback.preprocessors``: each pending cell's
+    score becomes the text ``awaiting grading`` and the notebook's score says how many points are
+    still pending (``4 (+3 awaiting grading)``); :func:`float_filter` and :func:`round_filter`
+    let the text through nbgrader's template. The notebook is also recorded in
+    ``resources['nbgrader']['awaiting_points']``.
+    """
+
+    def preprocess(self, nb, resources):
+        from nbgrader.api import Gradebook
+
+        info = resources["nbgrader"]
+        with Gradebook(info["db_url"]) as gb:
+            pending = pending_cells(gb, info["notebook"], info["assignment"], info["student"])
+        for cell in nb.cells:
+            md = cell.metadata.get("nbgrader", {})
+            if md.get("grade_id") in pending:
+                md["score"] = AWAITING
+        points = sum(pending.values())
+        info["awaiting_points"] = points
+        if points:
+            info["score"] = f"{float(info.get('score') or 0):.2f} (+{points:g} {AWAITING})"
+        return nb, resources
+
+
 # ----------------------------------------------------------------------------------- leak check
 def hidden_lines(source_dir: str | Path) -> set[str]:
     """Every distinctive line of every hidden-test region in the notebooks under ``source_dir``."""

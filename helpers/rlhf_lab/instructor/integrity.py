@@ -27,6 +27,8 @@ notebook of the other assignment under an  block  quarantined (never executed); 
 expected name
 unknown extra notebook / extra file        warn   nbgrader ignores unknown notebooks; extra
                                                   files are copied beside the notebook
+nbgrader's own ``timestamp.txt`` and       none   written by ``nbgrader submit`` into every
+``submission_secret.txt`` (exchange)              submission; not reported
 extra file or folder that shadows an       block  quarantined (never importable); every
 importable module (``numpy.py``, ...)             autograded cell of the assignment withheld
 symbolic link                              block  quarantined; assignment withheld
@@ -88,6 +90,10 @@ BLOCK = "block"
 WARN = "warn"
 #: Everything the pre-flight writes lives under ``<course root>/integrity/`` (a pipeline output).
 OUTPUT_DIR = "integrity"
+#: Files ``nbgrader submit`` adds to every submission in the exchange (``collect`` copies them into
+#: ``submitted/``): the submission time and the secret that ties released feedback to it. They are
+#: nbgrader's, not extra files of the student (small text files only; anything larger is an extra).
+NBGRADER_EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
 QUARANTINE = "integrity/quarantine"
 REPORT_TEMPLATE = "integrity/{assignment}.json"
 COMMENT_TAG = "[integrity]"
@@ -914,6 +920,8 @@ class _Checker:
                 continue
             if len(rel.parts) == 1 and path.suffix == ".ipynb":
                 present[path.name] = path
+            elif len(rel.parts) == 1 and path.name in NBGRADER_EXCHANGE_FILES and path.stat().st_size <= 4096:
+                continue  # written by `nbgrader submit` into every exchange submission: not the student's
             else:
                 extras.append((rel, path))
         for rel, path in extras:

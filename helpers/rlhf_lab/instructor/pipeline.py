@@ -371,6 +371,17 @@ def collect(submissions_dir: str | os.PathLike, root=None, names: Iterable[str] 
     return CollectResult(collected, problems)
 
 
+def already_submitted(root=None, names: Iterable[str] | None = None,
+                      students: Iterable[str] | None = None) -> CollectResult:
+    """What is in ``submitted/`` now (put there by ``nbgrader collect`` or ``zip_collect``), as a
+    :class:`CollectResult` of the known assignments (and ``students``, when given)."""
+    root = course_root(root)
+    known = list(names) if names is not None else assignments(root)
+    wanted = set(students) if students is not None else None
+    pairs = [(sid, a) for a in known for sid in submitted_students(a, root) if wanted is None or sid in wanted]
+    return CollectResult(sorted(pairs), {})
+
+
 def submitted_students(assignment: str, root=None) -> list[str]:
     """Students with a ``submitted/<student>/<assignment>/`` folder, sorted."""
     sub = course_root(root) / "submitted"
@@ -533,18 +544,54 @@ def pending(assignment: str, root=None, db_url: str | None = None) -> list[str]:
 
 # ---------------------------------------------------------------------------------------- feedback
 def feedback(assignment: str, root=None, db_url: str | None = None,
-             students: Iterable[str] | None = None) -> dict:
+             students: Iterable[str] | None = None, release_pending: bool = False) -> dict:
     """``nbgrader generate_feedback`` for ``assignment``; returns ``{student: [html paths]}``.
 
     One call for the whole assignment; if it fails, each student is retried alone so one broken
     autograded notebook cannot cost the others their feedback.
+
+    Feedback for a notebook with an answer still waiting for a human grader is **held back**:
+    its HTML is removed again, so ``nbgrader release_feedback`` cannot hand it out, and
+    :func:`held_feedback` lists it. ``release_pending=True`` keeps it; such a page then says
+    "awaiting grading" for those answers instead of a score of 0 (``feedback_filter.MarkPendingGrades``).
     """
+    if not isinstance(release_pending, bool):
+        raise TypeError(f"release_pending must be True or False, got {release_pending!r}")
     root = course_root(root)
     run = run_nbgrader(["generate_feedback", assignment, "--force"], root, db_url)
     if not run.ok:
         for sid in (students if students is not None else _autograded_students(assignment, root)):
             run_nbgrader(["generate_feedback", assignment, "--student", sid, "--force"], root, db_url)
+    if not release_pending:
+        for sid, nbs in held_feedback(assignment, root, db_url).items():
+            for nb in nbs:
+                path = root / "feedback" / sid / assignment / f"{nb}.html"
+                if path.exists():
+                    path.unlink()
     return feedback_files(assignment, root)
+
+
+def held_feedback(assignment: str, root=None, db_url: str | None = None) -> dict:
+    """``{student: [notebook]}``: notebooks of ``assignment`` whose feedback waits for hand grading.
+
+    A notebook waits while any of its cells is flagged for manual grading without a manual
+    score (read from the gradebook; an integrity override counts as graded).
+    """
+    from nbgrader.api import Gradebook, MissingEntry
+
+    ensure_venv_on_path()
+    out = {}
+    with Gradebook(db_url or default_db_url(root), COURSE_ID) as gb:
+        try:
+            subs = gb.find_assignment(assignment).submissions
+        except MissingEntry:
+            return out
+        for sub in subs:
+            waiting = sorted(nb.name for nb in sub.notebooks
+                             if any(g.needs_manual_grade and g.manual_score is None for g in nb.grades))
+            if waiting:
+                out[sub.student.id] = waiting
+    return out
 
 
 def _autograded_students(assignment: str, root) -> list[str]:
@@ -804,8 +851,13 @@ def clean_outputs(root=None) -> None:
 def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None = None,
               names: Iterable[str] | None = None, students: Iterable[str] | None = None,
               fresh: bool = True, regenerate: bool = True, force: bool = True,
-              grader=None, progress=None, compile_cache: bool = True) -> ClassRun:
+              grader=None, progress=None, compile_cache: bool = True,
+              release_pending_feedback: bool = False) -> ClassRun:
     """The whole pipeline on a folder of submissions: generate -> collect -> autograde -> feedback -> export.
+
+    ``submissions_dir=None`` grades what is already in ``submitted/`` (after ``nbgrader collect``).
+    Feedback of notebooks with answers awaiting a human grader is held back unless
+    ``release_pending_feedback`` (see :func:`feedback`).
 
     ``fresh`` removes earlier outputs (and the SQLite gradebook) first. ``grader(assignment,
     students, root, db_url, force)`` may replace the sequential per-student loop (for example a
@@ -836,7 +888,10 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     seconds["compile cache"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    collected = collect(submissions_dir, root, names, students)
+    if submissions_dir is None:  # already collected (nbgrader collect / zip_collect filled submitted/)
+        collected = already_submitted(root, names, students)
+    else:
+        collected = collect(submissions_dir, root, names, students)
     seconds["collect"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -860,7 +915,7 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     seconds["autograde"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    fb = {a: feedback(a, root, db_url) for a in names}
+    fb = {a: feedback(a, root, db_url, release_pending=release_pending_feedback) for a in names}
     seconds["feedback"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -1,0 +1,109 @@
+"""``nbgrader zip_collect`` on LMS downloads: a Canvas zip and a Moodle zip, built here, collected
+by the real nbgrader command with the course's collector plugin and roster (rlhf_lab/instructor/lms.py)."""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from course_support import REPO
+from rlhf_lab.instructor import lms, pipeline
+
+A = "ppo_objective"
+NOTEBOOKS = pipeline.notebooks(A, REPO, where="release")
+ROSTER = ("id,first_name,last_name,email,lms_user_id\n"
+          "ada_correct,Ada,Okafor,ada@example.edu,40101\n"
+          "ben_unchanged,Ben,Moreau,ben@example.edu,40102\n"
+          "oli_noisy,Oli,Søndergaard,oli@example.edu,40115\n")
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    root = pipeline.copy_course(tmp_path_factory.mktemp("lms") / "course", REPO,
+                                include=("nbgrader_config.py", "release"))
+    (root / "roster.csv").write_text(ROSTER, encoding="utf-8")
+    return root
+
+
+def _submission(student: str, notebook: str) -> bytes:
+    return (REPO / "examples" / "submissions" / student / A / f"{notebook}.ipynb").read_bytes()
+
+
+def _zip_collect(root: Path, files: dict, name: str):
+    """Write ``files`` ({name in zip: bytes}) as the LMS download and run nbgrader zip_collect."""
+    archive = root / "downloaded" / A / "archive"
+    archive.mkdir(parents=True, exist_ok=True)
+    for old in archive.iterdir():
+        old.unlink()
+    with zipfile.ZipFile(archive / name, "w") as zf:
+        for inner, data in files.items():
+            zf.writestr(inner, data)
+    return pipeline.run_nbgrader(["zip_collect", A, "--force"], root)
+
+
+def test_canvas_zip_is_collected_per_roster_student_with_late_and_reupload_names(course):
+    first, second = NOTEBOOKS
+    files = {
+        f"okaforada_40101_900001_{first}.ipynb": _submission("ada_correct", first),
+        f"okaforada_40101_900001_{second}.ipynb": _submission("ada_correct", second),
+        f"moreauben_late_40102_900002_{first}.ipynb": _submission("ben_unchanged", first),
+        f"moreauben_late_40102_900002_{second}-1.ipynb": _submission("ben_unchanged", second),  # re-upload
+        f"strangerzed_99999_900003_{first}.ipynb": _submission("ada_correct", first),  # not in the roster
+    }
+    run = _zip_collect(course, files, "submissions.zip")
+    assert run.ok, run.output[-3000:]
+    sub = course / "submitted"
+    for nb in NOTEBOOKS:
+        assert (sub / "ada_correct" / A / f"{nb}.ipynb").read_bytes() == _submission("ada_correct", nb)
+        assert (sub / "ben_unchanged" / A / f"{nb}.ipynb").read_bytes() == _submission("ben_unchanged", nb)
+    assert sorted(p.name for p in sub.iterdir()) == ["ada_correct", "ben_unchanged"]
+    assert "Canvas user 99999 (strangerzed) is not in the roster" in run.output
+
+
+def test_moodle_zip_in_folders_and_flat_is_collected_by_full_name(course):
+    first, second = NOTEBOOKS
+    files = {
+        f"Ada Okafor_5501_assignsubmission_file_/{first}.ipynb": _submission("ada_correct", first),
+        f"Ada Okafor_5501_assignsubmission_file_/{second}.ipynb": _submission("ada_correct", second),
+        f"oli  SØNDERGAARD_5515_assignsubmission_file_{first}.ipynb": _submission("oli_noisy_warnings", first),
+        f"Nobody Known_5599_assignsubmission_file_/{first}.ipynb": _submission("ada_correct", first),
+        "readme_from_moodle.txt": b"not a submission",
+    }
+    run = _zip_collect(course, files, "moodle.zip")
+    assert run.ok, run.output[-3000:]
+    sub = course / "submitted"
+    for nb in NOTEBOOKS:
+        assert (sub / "ada_correct" / A / f"{nb}.ipynb").read_bytes() == _submission("ada_correct", nb)
+    assert (sub / "oli_noisy" / A / f"{first}.ipynb").read_bytes() == _submission("oli_noisy_warnings", first)
+    assert "Moodle student 'Nobody Known' is not in the roster" in run.output
+    assert not (sub / "Nobody Known").exists()
+
+
+def test_file_names_parse_into_lms_identity_and_notebook():
+    canvas = lms.parse_lms_filename("/x/extracted/okaforada_late_40101_77_01_losses-2.ipynb")
+    assert canvas == {"lms": "canvas", "lms_name": "okaforada", "late": "late", "lms_user_id": "40101",
+                      "submission_id": "77", "file_id": "01_losses-2.ipynb"}
+    assert lms.released_name("01_losses-2.ipynb", {"01_losses.ipynb"}) == "01_losses.ipynb"
+    assert lms.released_name("a-1.ipynb", {"b.ipynb"}) == "a-1.ipynb"
+    folder = lms.parse_lms_filename("/x/Zoë Ångström_12_assignsubmission_file_/sub dir/01_losses.ipynb")
+    assert folder is None  # nested folders inside a Moodle submission are not a notebook of the release
+    flat = lms.parse_lms_filename("Zoë Ångström_12_assignsubmission_file_01_losses.ipynb")
+    assert flat["lms"] == "moodle" and flat["full_name"] == "Zoë Ångström" and flat["file_id"] == "01_losses.ipynb"
+    assert lms.parse_lms_filename("01_losses.ipynb") is None
+    assert lms.normalise_name("  Zoë   ÅNGSTRÖM ") == "zoe angstrom"
+    assert lms.canvas_name("Ada", "Okafor") == "okaforada"
+
+
+def test_two_roster_students_with_one_name_are_not_guessed():
+    index = lms.RosterIndex([{"id": "a1", "first_name": "Sam", "last_name": "Lee"},
+                             {"id": "a2", "first_name": "Sam", "last_name": "Lee"}])
+    sid, why = index.student({"lms": "moodle", "full_name": "Sam Lee"})
+    assert sid is None and "two roster students" in why
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(TypeError, match="path must be a string"):
+        lms.parse_lms_filename(3)
+    with pytest.raises(TypeError, match="rows must be a list"):
+        lms.RosterIndex("roster.csv")
