@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import checks
 from . import _validate as v
@@ -160,6 +161,16 @@ def response_token_logp(node_logp: jax.Array, lang: Language) -> jax.Array:
 
 
 def sequence_placement_gradients(policy_params: dict, ref_params: dict, prefix_features, lang: Language) -> dict:
+    """Exact expected gradients of each placement for whole responses (see :func:`_sequence_placements`)."""
+    if not isinstance(lang, Language):
+        raise ValueError(f"lang must be a rlhf_lab.sequences.Language, got {type(lang).__name__}")
+    if np.shape(prefix_features) != (lang.n_prompts, lang.n_prefixes, lang.n_features):
+        raise ValueError(f"prefix_features must have shape {(lang.n_prompts, lang.n_prefixes, lang.n_features)}, "
+                         f"got {np.shape(prefix_features)}")
+    return _sequence_placements_jit(policy_params, ref_params, prefix_features, lang)
+
+
+def _sequence_placements(policy_params: dict, ref_params: dict, prefix_features, lang: Language) -> dict:
     """Exact expected gradients (w.r.t. the policy parameters) of each placement for whole responses.
 
     Prompts are averaged. With ``pi(y)`` held fixed as weights ("in the loss") or used through the
@@ -202,3 +213,6 @@ def sequence_placement_gradients(policy_params: dict, ref_params: dict, prefix_f
 
     fns = {"k1_in_reward": k1_reward, "k2_in_loss": in_loss(k2), "k3_in_loss": in_loss(k3), "kl": kl}
     return {name: jax.grad(fn)(policy_params) for name, fn in fns.items()}
+
+
+_sequence_placements_jit = jax.jit(_sequence_placements, static_argnums=3)
