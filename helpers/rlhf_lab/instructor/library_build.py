@@ -41,6 +41,10 @@ BUILD_FORMAT = 1
 BUILD_DIR = Path(".cache") / "library-builds"
 #: Library files that never go into a build (instructor tooling and command-line entry points).
 EXCLUDED = ("instructor", "demo.py", "lesson_cli.py", "__pycache__")
+#: Grader-side packages: the hidden tests' checks and their reference computations. A stripped
+#: build leaves them out too (the judge runs them in the grader); a full build, for notebooks
+#: whose hidden tests still run in the kernel, keeps them.
+GRADER_ONLY = ("judging",)
 
 #: notebook ("<assignment>/<notebook stem>") -> library functions its students implement.
 #: Derived from the hidden tests' ``forbid=`` / ``FORBID`` lists (``"*"`` stands for the task's own
@@ -164,18 +168,79 @@ def forbidden_names(cell_source: str) -> tuple[set[str], set[str]]:
     return found, star_tasks
 
 
+def _constants(trees) -> dict[str, object]:
+    """Module-level string / tuple constants of some modules (``A = "x"``, ``N1, N2 = "a", "b"``)."""
+    out: dict[str, object] = {}
+    for tree in trees:
+        for node in tree.body:
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                continue
+            target = node.targets[0]
+            try:
+                value = ast.literal_eval(node.value)
+            except (ValueError, SyntaxError, TypeError):
+                continue
+            if isinstance(target, ast.Name):
+                out[target.id] = value
+            elif isinstance(target, ast.Tuple) and isinstance(value, tuple) and len(value) == len(target.elts):
+                out.update({t.id: v for t, v in zip(target.elts, value) if isinstance(t, ast.Name)})
+    return out
+
+
+def judged_forbids(library_dir=None) -> dict[str, tuple[set[str], set[str]]]:
+    """Forbid lists of the checks registered in the library's ``judging`` package (hidden tests
+    whose code moved out of the notebooks): ``"<assignment>/<notebook>"`` -> (names, tasks with ``"*"``).
+
+    Read from the source text (decorator calls with ``forbid=``, ``assignment=`` and ``notebook=``),
+    never imported.
+    """
+    folder = Path(library_dir or _installed_library()) / "judging"
+    trees = [ast.parse(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.py"))] if folder.is_dir() else []
+    consts = _constants(trees)
+
+    def value(node):
+        if isinstance(node, ast.Name):
+            return consts.get(node.id)
+        try:
+            return ast.literal_eval(node)
+        except (ValueError, SyntaxError, TypeError):
+            return None
+
+    out: dict[str, tuple[set[str], set[str]]] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            kw = {k.arg: value(k.value) for k in node.keywords if k.arg}
+            forbid, assignment, notebook = kw.get("forbid"), kw.get("assignment"), kw.get("notebook")
+            if not (isinstance(forbid, tuple) and isinstance(assignment, str) and isinstance(notebook, str)):
+                continue
+            names, star = out.setdefault(notebook_key(assignment, notebook), (set(), set()))
+            for name in forbid:
+                if name == "*":
+                    if isinstance(kw.get("task"), str):
+                        star.add(kw["task"])
+                elif isinstance(name, str):
+                    names.add(name)
+    return out
+
+
 def derive_manifest(root, library_dir=None) -> dict[str, tuple[str, ...]]:
-    """Re-derive :data:`MANIFEST` from ``<root>/source/*/*.ipynb`` (graded cells' hidden tests).
+    """Re-derive :data:`MANIFEST` from the hidden tests: the ``forbid`` lists in the graded cells
+    of ``<root>/source/*/*.ipynb`` and those of the library's registered checks (:func:`judged_forbids`).
 
     Names in a ``forbid`` list that are not library functions (private helpers of the notebooks)
     are kept only when the library defines them; ``"*"`` maps to the task's own name when the
     library defines a function of that name.
     """
     root = _require_dir(root, "root")
-    functions = set(name for _, name in library_functions(library_dir or _installed_library()))
+    library_dir = library_dir or _installed_library()
+    functions = set(name for _, name in library_functions(library_dir))
+    judged = judged_forbids(library_dir)
     out: dict[str, tuple[str, ...]] = {}
     for path in sorted((root / "source").glob("*/*.ipynb")):
-        names: set[str] = set()
+        found_j, star_j = judged.get(notebook_key(path.parent.name, path.name), (set(), set()))
+        names: set[str] = found_j | {t for t in star_j if t in functions}
         for cell in _cells(path):
             if cell.get("cell_type") != "code" or not _nbgrader(cell).get("grade"):
                 continue
@@ -446,9 +511,10 @@ def build_hash(library_dir, removed: tuple[tuple[str, str], ...], modules=()) ->
     return digest.hexdigest()[:24]
 
 
-def write_build(library_dir, dest, removed: tuple[tuple[str, str], ...], modules=None) -> Path:
-    """Copy the library into ``dest/rlhf_lab`` without :data:`EXCLUDED`, without the modules not in
-    ``modules`` (None: all) and without the ``removed`` definitions."""
+def write_build(library_dir, dest, removed: tuple[tuple[str, str], ...], modules=None,
+                exclude: tuple[str, ...] = ()) -> Path:
+    """Copy the library into ``dest/rlhf_lab`` without :data:`EXCLUDED` and ``exclude``, without
+    the modules not in ``modules`` (None: all) and without the ``removed`` definitions."""
     library_dir = _require_dir(library_dir, "library_dir")
     target = Path(dest) / "rlhf_lab"
     trees = _modules(library_dir)
@@ -457,7 +523,7 @@ def write_build(library_dir, dest, removed: tuple[tuple[str, str], ...], modules
         trees = {m: t for m, t in trees.items() if m in modules}
     else:
         skipped = []
-    shutil.copytree(library_dir, target, ignore=shutil.ignore_patterns(*EXCLUDED, "*.pyc", *skipped))
+    shutil.copytree(library_dir, target, ignore=shutil.ignore_patterns(*EXCLUDED, *exclude, "*.pyc", *skipped))
     by_module: dict[str, set[str]] = {}
     for module, name in removed:
         by_module.setdefault(module, set()).add(name)
@@ -551,7 +617,8 @@ def ensure_build(course_root, assignment: str, notebook: str | None, library_dir
     source_nb = course_root / "source" / assignment / f"{Path(notebook).stem}.ipynb" if notebook else None
     given = given_names(source_nb) if source_nb is not None and source_nb.is_file() else set()
     plan = plan_build(library_dir, names, given)
-    key = build_hash(library_dir, plan.removed, plan.modules)
+    exclude = GRADER_ONLY if strip else ()
+    key = build_hash(library_dir, plan.removed, (*plan.modules, *(f"-{e}" for e in exclude)))
     parent = course_root / BUILD_DIR
     final = parent / key
     notes = [f"kept {n}: the notebook's given code needs it" for n in plan.kept_for_given_code]
@@ -560,7 +627,7 @@ def ensure_build(course_root, assignment: str, notebook: str | None, library_dir
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=parent))
     try:
-        write_build(library_dir, staging, plan.removed, plan.modules)
+        write_build(library_dir, staging, plan.removed, plan.modules, exclude)
         problems = verify_build(staging, plan.removed, sorted(given))
         if problems:
             raise RuntimeError(f"library build for {assignment}/{notebook or '*'} is unusable: "

@@ -1,0 +1,187 @@
+"""Per-notebook library builds and the copied-answer check (rlhf_lab/instructor/library_build.py)."""
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from course_support import REPO
+from rlhf_lab.instructor import library_build as lb
+
+
+def test_the_manifest_is_what_the_source_notebooks_hidden_tests_forbid():
+    assert lb.derive_manifest(REPO) == lb.MANIFEST
+
+
+def test_forbid_lists_are_read_from_calls_constants_and_task_records():
+    cell = textwrap.dedent('''
+        FORBID = ("train", "make_train")
+        grading.call(f, x, task="run_ppo", forbid=FORBID)
+        grading.call(g, x, task="preference_loss", forbid=("*",))
+        grading.call(h, x, task="other", forbid=("fit_reward", "_fit"))
+        _TASK = {"task": "kl_divergence", "forbid": ("categorical_kl",)}
+        grading.call(k, x, task="no_forbid")
+    ''')
+    names, star = lb.forbidden_names(cell)
+    assert names == {"train", "make_train", "fit_reward", "_fit", "categorical_kl"}
+    assert star == {"preference_loss"}
+    assert lb.forbidden_names("def broken(:\n") == (set(), set())
+
+
+def test_names_for_an_unknown_notebook_are_the_union_of_its_assignment():
+    manifest = {"a/n1": ("f",), "a/n2": ("g", "h"), "b/n1": ("z",)}
+    assert lb.names_for("a", "n2.ipynb", manifest) == ("g", "h")
+    assert lb.names_for("a", None, manifest) == ("f", "g", "h")
+    assert lb.names_for("a", "n9", manifest) == ()
+    with pytest.raises(ValueError, match="assignment"):
+        lb.notebook_key("a/b", "n1")
+
+
+SOURCE = '''"""Module docstring."""
+from .core import helper, removed_import, other
+
+
+def keep_before(x):
+    return x + 1
+
+
+@decorate(
+    "multi-line",
+)
+def drop_me(x):
+    """The reference."""
+    secret = x * 42
+    return secret
+
+
+def keep_after(x):
+    return drop_me(x) + other(x)
+
+
+__all__ = ["keep_before", "drop_me",
+           "keep_after", "removed_import"]
+'''
+
+
+def test_strip_module_removes_definitions_and_reexports_and_keeps_every_other_line_in_place():
+    out = lb.strip_module(SOURCE, {"drop_me"}, {"drop_me", "removed_import"})
+    tree = ast.parse(out)
+    assert "secret = x * 42" not in out and "def drop_me" not in out and '"multi-line"' not in out
+    assert len(out.splitlines()) == len(SOURCE.splitlines())
+    for name in ("keep_before", "keep_after"):
+        line = next(i for i, text in enumerate(SOURCE.splitlines(), 1) if text.startswith(f"def {name}"))
+        assert out.splitlines()[line - 1] == SOURCE.splitlines()[line - 1]
+    imports = [n for n in tree.body if isinstance(n, ast.ImportFrom)]
+    assert [a.name for a in imports[0].names] == ["helper", "other"]
+    all_ = next(n for n in tree.body if isinstance(n, ast.Assign))
+    assert ast.literal_eval(all_.value) == ["keep_before", "keep_after"]
+
+
+def _toy_library(base: Path) -> Path:
+    """A tiny package named like the course library: core.f is used by given code through g."""
+    lib = base / "rlhf_lab"
+    (lib / "instructor").mkdir(parents=True)
+    (lib / "instructor" / "secret.py").write_text("TOKEN = 'instructor only'\n")
+    (lib / "__init__.py").write_text("from .core import f, g, h\nfrom .extra import uses_h\n"
+                                     "__all__ = ['f', 'g', 'h', 'uses_h']\n")
+    (lib / "core.py").write_text(textwrap.dedent('''
+        def f(x):
+            return x * 1234567
+
+        def g(x):
+            return f(x) + 1
+
+        def h(x):
+            return x - 7654321
+
+        LIMIT = 3
+    '''))
+    (lib / "extra.py").write_text("from .core import h\n\ndef uses_h(x):\n    return h(x)\n")
+    (lib / "grading.py").write_text("")
+    (lib / "lesson.py").write_text("")
+    return lib
+
+
+def test_plan_keeps_what_given_code_needs_and_removes_the_rest(tmp_path):
+    lib = _toy_library(tmp_path)
+    assert lb.plan_build(lib, ["f", "h"]).removed == (("core", "f"), ("core", "h"))
+    plan = lb.plan_build(lib, ["f", "h"], given={("", "g")})  # given code calls g, which calls f
+    assert plan.removed == (("core", "h"),) and plan.kept_for_given_code == ("f",)
+    assert lb.plan_build(lib, ["nope"]).unknown == ("nope",)
+    with pytest.raises(ValueError, match="names"):
+        lb.plan_build(lib, "f")
+
+
+def test_a_build_lacks_the_removed_functions_and_the_instructor_folder_and_is_reused(tmp_path):
+    lib = _toy_library(tmp_path / "src")
+    course = tmp_path / "course"
+    course.mkdir()
+    manifest = {"a1/nb": ("h",)}
+    build = lb.ensure_build(course, "a1", "nb", library_dir=lib, manifest=manifest).path
+    text = "".join(p.read_text() for p in build.rglob("*.py"))
+    assert "7654321" not in text and "def h" not in text  # the removed function's text is gone
+    assert "1234567" in text and not (build / "instructor").exists()
+    assert build.is_relative_to(course / ".cache" / "library-builds")
+    assert lb.verify_build(build.parent, [("core", "h")], [("", "f"), ("extra", "uses_h")]) == []
+    again = lb.ensure_build(course, "a1", "nb", library_dir=lib, manifest=manifest)
+    assert again.reused and again.path == build
+    (lib / "core.py").write_text((lib / "core.py").read_text() + "\nLIMIT = 4\n")
+    changed = lb.ensure_build(course, "a1", "nb", library_dir=lib, manifest=manifest)
+    assert not changed.reused and changed.path != build
+    full = lb.ensure_build(course, "a1", "nb", library_dir=lib, manifest=manifest, strip=False).path
+    assert "7654321" in (full / "core.py").read_text()
+
+
+def test_verification_names_what_is_wrong_with_a_build(tmp_path):
+    lib = _toy_library(tmp_path)
+    problems = lb.verify_build(tmp_path, [("core", "h")], [("", "missing_given")])
+    assert "rlhf_lab.core.h is still defined" in problems
+    assert "rlhf_lab.h is still exported" in problems
+    assert any("missing_given" in p for p in problems)
+    (lib / "extra.py").write_text("raise RuntimeError('broken module')\n")
+    assert "broken module" in " ".join(lb.verify_build(tmp_path, [], []))
+
+
+def _notebook(cells: list[tuple[str, bool]]) -> dict:
+    return {"cells": [{"cell_type": "code", "source": src, "metadata": {"nbgrader": {
+        "solution": solution, "grade_id": f"cell_{i}"}}} for i, (src, solution) in enumerate(cells)],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+RENAMED_COPY = '''
+import jax.numpy as jnp
+
+def my_clip_terms(r, adv,
+                  eps):
+    # written "by me"
+    """Signed clipped surrogate."""
+    c = jnp.clip(r, 1.0 - eps,
+                 1.0 + eps)   # the band
+    return jnp.minimum(r * adv, c * adv)
+'''
+
+HONEST = '''
+import jax.numpy as jnp
+
+def my_clip_terms(r, adv, eps):
+    unclipped = r * adv
+    clipped = jnp.clip(r, 1.0 - eps, 1.0 + eps) * adv
+    return jnp.where(unclipped < clipped, unclipped, clipped)
+'''
+
+
+def test_a_renamed_reformatted_copy_of_a_library_function_is_reported():
+    findings = lb.suspicious_copies(_notebook([(RENAMED_COPY, True)]))
+    assert [(f.cell, f.function, f.library_function) for f in findings] == [
+        ("cell_0", "my_clip_terms", "rlhf_lab.ppo.clipped_surrogate")]
+    assert "copy of rlhf_lab.ppo.clipped_surrogate" in str(findings[0])
+
+
+def test_an_honest_implementation_and_given_code_are_not_reported(tmp_path):
+    assert lb.suspicious_copies(_notebook([(HONEST, True)])) == []
+    assert lb.suspicious_copies(_notebook([(RENAMED_COPY, False)])) == []  # not an answer cell
+    assert lb.suspicious_copies(_notebook([("def broken(:", True)])) == []
+    with pytest.raises(ValueError, match="notebook"):
+        lb.suspicious_copies(tmp_path / "missing.ipynb")
