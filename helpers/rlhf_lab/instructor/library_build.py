@@ -196,18 +196,19 @@ def judged_forbids(library_dir=None) -> dict[str, tuple[set[str], set[str]]]:
     """
     folder = Path(library_dir or _installed_library()) / "judging"
     trees = [ast.parse(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.py"))] if folder.is_dir() else []
-    consts = _constants(trees)
-
-    def value(node):
-        if isinstance(node, ast.Name):
-            return consts.get(node.id)
-        try:
-            return ast.literal_eval(node)
-        except (ValueError, SyntaxError, TypeError):
-            return None
-
+    shared = _constants(trees)  # for names a module imports from another one (ALL, LOOP_FORBID)
     out: dict[str, tuple[set[str], set[str]]] = {}
     for tree in trees:
+        own = _constants([tree])
+
+        def value(node):
+            if isinstance(node, ast.Name):
+                return own.get(node.id, shared.get(node.id))
+            try:
+                return ast.literal_eval(node)
+            except (ValueError, SyntaxError, TypeError):
+                return None
+
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
