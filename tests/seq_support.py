@@ -33,7 +33,8 @@ def features_np(n_prompts, n_tokens, max_len, prompt, prefix):
 def forward_np(params, x):
     p = {k: np.asarray(v, np.float64) for k, v in params.items()}
     h = np.tanh(x @ p["w1"] + p["b1"])
-    h = np.tanh(h @ p["w2"] + p["b2"])
+    if "w2" in p:
+        h = np.tanh(h @ p["w2"] + p["b2"])
     return h @ p["w_out"] + p["b_out"]
 
 

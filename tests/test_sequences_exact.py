@@ -12,8 +12,8 @@ from seq_support import brute_force_responses, log_softmax_np, response_logp_np,
 SMALL = sq.Language(n_prompts=2, n_tokens=3, max_len=3)
 
 
-def _params(seed, scale=1.0):
-    p = sq.init_policy(jax.random.key(seed), SMALL.n_features, SMALL.n_actions, hidden=8)
+def _params(seed, scale=1.0, layers=1):
+    p = sq.init_policy(jax.random.key(seed), SMALL.n_features, SMALL.n_actions, hidden=8, layers=layers)
     p["w_out"] = p["w_out"] * (10.0 * scale)  # far from uniform
     return p
 
@@ -22,7 +22,7 @@ def _params(seed, scale=1.0):
 def small():
     tree = sq.prefix_tree(SMALL)
     feats = jnp.asarray(tree.prefix_features)
-    pi, ref = _params(1), _params(2)
+    pi, ref = _params(1, layers=2), _params(2)  # both depths through the brute-force forward pass
     node, resp = exact.policy_tables(pi, feats, SMALL)
     ref_node, ref_resp = exact.policy_tables(ref, feats, SMALL)
     brute = np.array([[response_logp_np(pi, 2, 3, 3, p, tokens_of(r, SMALL.pad)) for r in tree.response_tokens]
@@ -145,6 +145,13 @@ def test_regret_of_the_optimum_is_zero():
     a = task.arrays
     opt = exact.optimal_logp(a.ref_resp_logp, a.score, 0.1)
     assert abs(float(exact.regret(opt, a.ref_resp_logp, a.score, 0.1))) < 1e-4
+
+
+def test_init_policy_layers():
+    assert set(_params(0)) == {"w1", "b1", "w_out", "b_out"}
+    assert set(_params(0, layers=2)) == {"w1", "b1", "w2", "b2", "w_out", "b_out"}
+    with pytest.raises(ValueError, match="layers must be 1 or 2"):
+        sq.init_policy(jax.random.key(0), 3, 4, layers=3)
 
 
 def test_check_beta_gamma():

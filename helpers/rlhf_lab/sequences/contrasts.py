@@ -221,8 +221,10 @@ def _grpo_core(key, hp, arrays: TaskArrays, *, lang: Language, static: tuple) ->
         adv = group_advantages(score.reshape(-1, group_size)).reshape(-1)
         data = jax.lax.stop_gradient((tokens, mask, old_logp, ref_logp, adv, prompts))
 
-        def epoch(state, k):
-            perm = jax.random.permutation(k, batch_size).reshape(n_mb, mb_size)
+        perms = jnp.argsort(jax.random.uniform(kp, (epochs, batch_size)), axis=1)
+
+        def epoch(state, perm):
+            perm = perm.reshape(n_mb, mb_size)
 
             def minibatch(state, idx):
                 p, s = state
@@ -232,7 +234,7 @@ def _grpo_core(key, hp, arrays: TaskArrays, *, lang: Language, static: tuple) ->
 
             return jax.lax.scan(minibatch, state, perm)[0], None
 
-        (params, opt_state), _ = jax.lax.scan(epoch, (params, opt_state), jax.random.split(kp, epochs))
+        (params, opt_state), _ = jax.lax.scan(epoch, (params, opt_state), perms)
         return (params, opt_state, key), None
 
     def block(carry, _):

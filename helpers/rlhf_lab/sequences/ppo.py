@@ -180,22 +180,27 @@ def adaptive_kl_update(beta, kl, target, horizon, n_steps):
 def sample_responses(key, params: dict, lang: Language, prompts: jax.Array):
     """Sample one response per prompt from the policy ``params`` (autoregressive, ``max_len`` steps).
 
-    After EOS every position is PAD. Returns ``(tokens [B, T] int32, mask [B, T] float32)``.
+    Gumbel-max sampling: ``y_t = argmax_a (logits_t[a] + g_t[a])`` with all Gumbel noise ``g`` drawn
+    up front in one call. After EOS every position is PAD.
+
+    Returns:
+      ``(tokens [B, T] int32, mask [B, T] float32)``.
     """
     b = prompts.shape[0]
+    noise = jax.random.gumbel(key, (lang.max_len, b, lang.n_actions))
 
-    def step(carry, t):
-        key, prev, counts, done = carry
-        key, sub = jax.random.split(key)
+    def step(carry, x):
+        prev, counts, done = carry
+        t, g = x
         feats = step_features(lang, prompts, t, prev, counts)
-        tok = jax.random.categorical(sub, policy_logits(params, feats)).astype(jnp.int32)
+        tok = jnp.argmax(policy_logits(params, feats) + g, axis=-1).astype(jnp.int32)
         tok = jnp.where(done, lang.pad, tok)
         counts = counts + jax.nn.one_hot(tok, lang.n_tokens)  # EOS/PAD add nothing
         done = done | (tok == lang.eos)
-        return (key, jnp.minimum(tok, lang.n_tokens), counts, done), tok
+        return (jnp.minimum(tok, lang.n_tokens), counts, done), tok
 
-    init = (key, jnp.full((b,), lang.n_tokens, jnp.int32), jnp.zeros((b, lang.n_tokens)), jnp.zeros((b,), bool))
-    _, toks = jax.lax.scan(step, init, jnp.arange(lang.max_len))
+    init = (jnp.full((b,), lang.n_tokens, jnp.int32), jnp.zeros((b, lang.n_tokens)), jnp.zeros((b,), bool))
+    _, toks = jax.lax.scan(step, init, (jnp.arange(lang.max_len), noise))
     tokens = toks.T
     return tokens, response_mask(tokens, lang.eos, lang.pad)
 
@@ -380,8 +385,10 @@ def make_iteration(lang: Language, static: tuple):
         key, k_sample, k_perm = jax.random.split(key, 3)
         batch = collect(k_sample, params["policy"], params["value"], arrays, lang, batch_size, beta, hp["gamma"], hp["lam"])
 
-        def epoch(state, k):
-            perm = jax.random.permutation(k, batch_size).reshape(n_mb, minibatch_size)
+        perms = jnp.argsort(jax.random.uniform(k_perm, (epochs, batch_size)), axis=1)
+
+        def epoch(state, perm):
+            perm = perm.reshape(n_mb, minibatch_size)
 
             def minibatch(state, idx):
                 params, opt_state = state
@@ -392,7 +399,7 @@ def make_iteration(lang: Language, static: tuple):
 
             return jax.lax.scan(minibatch, state, perm)
 
-        (params, opt_state), aux = jax.lax.scan(epoch, (params, opt_state), jax.random.split(k_perm, epochs))
+        (params, opt_state), aux = jax.lax.scan(epoch, (params, opt_state), perms)
         aux = aux.reshape(-1, 3).mean(axis=0)
         seq_kl = jnp.mean(jnp.sum(batch.old_logp - batch.ref_logp, axis=1))
         new_beta = adaptive_kl_update(beta, seq_kl, hp["kl_target"], hp["kl_horizon"], batch_size) if adaptive else beta
