@@ -203,6 +203,13 @@ def test_lint_names_a_test_cell_without_a_hidden_region(nb):
     assert any(f.rule == "test-cell" and f.cell_id == test.id for f in found)
 
 
+def test_lint_names_hidden_code_that_is_not_a_judged_check(nb):
+    test = next(c for c in nb.cells if authoring.is_test_cell(c))
+    test.source = test.source.replace("### END HIDDEN TESTS", "assert ppo_surrogate(1.0, 1.0) == 1.0\n### END HIDDEN TESTS")
+    found = [f for f in _lint_one(nb) if f.rule == "test-cell"]
+    assert found and "grading.judge" in found[0].message and found[0].cell_id == test.id
+
+
 def test_lint_names_a_test_cell_without_its_comment(nb):
     test = next(c for c in nb.cells if authoring.is_test_cell(c))
     test.source = "\n".join(test.source.splitlines()[1:])

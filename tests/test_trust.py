@@ -225,7 +225,7 @@ def _failing_test_cell():
     nb = nbformat.read(str(REPO / "source" / "ppo_objective" / "01_clipped_objective.ipynb"), as_version=4)
     cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_ppo_surrogate")
     lines, hidden = feedback_filter.split_hidden(cell.source)
-    hidden_line_no = sorted(n for n in hidden if lines[n - 1].strip() and "HIDDEN" not in lines[n - 1])[3]
+    hidden_line_no = sorted(n for n in hidden if lines[n - 1].strip() and "HIDDEN" not in lines[n - 1])[0]
     context = "\n".join(f"     {n} {lines[n - 1]}" for n in range(max(1, hidden_line_no - 3), hidden_line_no + 2))
     cell.outputs = [
         nbformat.v4.new_output("stream", name="stdout", text="checking ppo_surrogate\n"),
@@ -264,7 +264,7 @@ def test_feedback_filter_removes_hidden_code_and_keeps_the_failure_message():
 
 def test_release_holds_no_hidden_test_line():
     secrets = feedback_filter.hidden_lines(REPO / "source")
-    assert len(secrets) > 50
+    assert len(secrets) >= 28  # one judge line per test cell
     checked = 0
     for path in sorted((REPO / "release").rglob("*.ipynb")):
         text = path.read_text(encoding="utf-8")

@@ -117,68 +117,7 @@ def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):
 # %% nbgrader={"grade": true, "grade_id": "test_ppo_surrogate", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # test_ppo_surrogate: ppo_surrogate equals min(rho*A, clip(rho)*A) on fresh ratios, advantages and epsilon (both signs, below/inside/above the band, broadcasting)
 ### BEGIN HIDDEN TESTS
-_rng = grading.rng("ppo_surrogate")
-_eps = float(_rng.choice([_rng.uniform(0.08, 0.16), _rng.uniform(0.25, 0.4)]))
-_TASK = {"task": "ppo_surrogate", "forbid": ("clipped_surrogate",)}
-_n = 16   # every probe block has this size, so JAX compiles each operation only once
-
-# Probe blocks with a fresh epsilon: above / below / inside the trust region, both signs of A.
-_a_pos = _rng.uniform(0.5, 2.0, _n).astype(np.float32)
-_a_neg = -_rng.uniform(0.5, 2.0, _n).astype(np.float32)
-_r_hi = (1 + _eps + _rng.uniform(0.1, 1.0, _n)).astype(np.float32)
-_r_lo = ((1 - _eps) * _rng.uniform(0.1, 0.85, _n)).astype(np.float32)
-_r_in = (1 + _eps * _rng.uniform(-0.9, 0.9, _n)).astype(np.float32)
-_keys = ("hi+", "lo+", "hi-", "lo-", "in+", "in-")
-_R = np.concatenate([_r_hi, _r_lo, _r_hi, _r_lo, _r_in, _r_in])
-_A = np.concatenate([_a_pos, _a_pos, _a_neg, _a_neg, _a_pos, _a_neg])
-_block = lambda x, k: x[_keys.index(k) * _n:(_keys.index(k) + 1) * _n]
-
-# Expected values are computed before any student code runs.
-_cands = {"unc": _R * _A, "top": np.float32(1 + _eps) * _A, "bot": np.float32(1 - _eps) * _A}
-_r = _rng.uniform(0.05, 2.5, 6 * _n).astype(np.float32)
-_a = _rng.normal(0.0, 1.5, 6 * _n).astype(np.float32)
-_want = grading.reference.clipped_surrogate(jnp.asarray(_r), jnp.asarray(_a), _eps)
-_want_scalar = np.minimum(_r * -1.5, np.clip(_r, 1 - _eps, 1 + _eps) * -1.5)
-
-grading.close(grading.call(ppo_surrogate, _R, _A, epsilon=_eps, clip=False, **_TASK), _cands["unc"],
-              "ppo_surrogate(..., clip=False)",
-              hint="With clip=False the function must return the plain product ratio * advantage.")
-_got = grading.call(ppo_surrogate, _R, _A, epsilon=_eps, **_TASK)
-_is = lambda k, c: grading.matches(_block(_got, k), _block(_cands[c], k))
-_bounds = f"[1 - epsilon, 1 + epsilon] = [{1 - _eps:.4f}, {1 + _eps:.4f}] (epsilon={_eps:.4f} here)"
-_diag = ""
-if _is("hi+", "unc") and _is("lo+", "unc") and _is("hi-", "unc") and _is("lo-", "unc"):
-    _diag = ("The ratio is never clipped: with clip=True the objective must stop growing once "
-             "ratio > 1 + epsilon for a positive advantage.")
-elif _is("hi+", "unc") and _is("lo+", "bot"):
-    _diag = ("Used max instead of min: PPO keeps the SMALLER (pessimistic) of ratio*A and "
-             "clip(ratio)*A; with max a good action's ratio is rewarded without limit.")
-elif _is("lo+", "bot") and _is("hi-", "top"):
-    _diag = ("Clipped the ratio but dropped the signed min: returning clip(ratio)*A alone softens "
-             "the penalty for a bad action whose ratio grew (ratio 1.8, A=-1 must give -1.8, not "
-             "-1.2). Return min(ratio*A, clip(ratio)*A).")
-elif _is("hi-", "top") and _is("lo-", "unc"):
-    _diag = ("Ratio clipped but the sign of A was dropped: the min must compare the two PRODUCTS "
-             "ratio*A and clip(ratio)*A, not the ratios before multiplying by A (for A < 0 the "
-             "order flips).")
-elif not (_is("hi+", "top") or _is("hi+", "unc")) or not (_is("lo-", "bot") or _is("lo-", "unc")):
-    _diag = ("Clip bounds wrong (epsilon not applied symmetrically): the ratio must be clipped to "
-             + _bounds + ", using the epsilon argument.")
-elif not (_is("in+", "unc") and _is("in-", "unc")):
-    _diag = "Inside the trust region the objective must equal ratio * advantage exactly."
-grading.check(_diag == "", "ppo_surrogate: " + _diag)
-
-# The five cases with the default epsilon.
-_CASE_R = np.array([1.8, 1.05, 1.8, 0.3, 0.3], np.float32)
-_CASE_A = np.array([1.0, 1.0, -1.0, -1.0, 1.0], np.float32)
-grading.close(grading.call(ppo_surrogate, _CASE_R, _CASE_A, **_TASK),
-              [1.2, 1.05, -1.8, -0.8, 0.3], "ppo_surrogate on the five cases (default epsilon=0.2)")
-# Fresh random ratios and advantages of both signs against the trusted reference.
-grading.close(grading.call(ppo_surrogate, _r, _a, epsilon=_eps, **_TASK), _want,
-              f"ppo_surrogate on fresh random inputs (epsilon={_eps:.4f})")
-# Broadcasting: one advantage for a whole array of ratios.
-grading.close(grading.call(ppo_surrogate, _r, -1.5, epsilon=_eps, **_TASK), _want_scalar,
-              "ppo_surrogate with a scalar advantage and an array of ratios")
+grading.judge("test_ppo_surrogate")
 ### END HIDDEN TESTS
 # Visible checks: the five cases of the table.
 np.testing.assert_allclose(ppo_surrogate(CASE_RATIOS, CASE_ADVANTAGES, clip=False),
@@ -231,67 +170,10 @@ for name, r, a, u, c, d in zip(CASE_NAMES, CASE_RATIOS, CASE_ADVANTAGES, unclipp
     print(f"{name:34s} ratio={float(r):4.2f} A={float(a):+4.1f} "
           f"unclipped={float(u):+7.4f} clipped={float(c):+7.4f} diverge={bool(d)}")
 
-
 # %% nbgrader={"grade": true, "grade_id": "test_surrogate_table", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # test_surrogate_table: surrogate_table returns (unclipped, clipped, diverge) for fresh cases, computed with the surrogate it is given
 ### BEGIN HIDDEN TESTS
-def _trusted_surrogate(ratio, advantage, epsilon=0.2, clip=True):
-    # The grader's own surrogate (NumPy, float32), passed in so that a mistake in Task 1 is not
-    # charged again here.
-    ratio = np.asarray(ratio, np.float32)
-    advantage = np.asarray(advantage, np.float32)
-    unclipped = ratio * advantage
-    if not clip:
-        return unclipped
-    return np.minimum(unclipped, np.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
-
-_CASE_R = np.array([1.8, 1.05, 1.8, 0.3, 0.3], np.float32)
-_CASE_A = np.array([1.0, 1.0, -1.0, -1.0, 1.0], np.float32)
-grading.close(_trusted_surrogate(_CASE_R, _CASE_A), [1.2, 1.05, -1.8, -0.8, 0.3], "grader self-check")
-_rng = grading.rng("surrogate_table")
-_TASK = {"task": "surrogate_table", "forbid": ("clipped_surrogate",)}
-_eps = float(_rng.uniform(0.1, 0.35))
-_n = 16
-# Fresh ratios kept at least 1e-3 away from the clip edges, advantages of both signs ...
-_r = _rng.uniform(0.2, 2.2, 8 * _n)
-_r = _r[np.abs(np.abs(_r - 1.0) - _eps) > 1e-3][:_n - 3].astype(np.float32)
-_a = (_rng.choice([-1.0, 1.0], _n - 3) * _rng.uniform(0.3, 2.0, _n - 3)).astype(np.float32)
-_r[0], _a[0] = 1 + _eps + _rng.uniform(0.1, 1.0), _rng.uniform(0.3, 2.0)       # surely clipped, A > 0
-_r[1], _a[1] = (1 - _eps) * _rng.uniform(0.1, 0.85), -_rng.uniform(0.3, 2.0)  # surely clipped, A < 0
-# ... plus three edge cases where float32 rounding leaves a gap of a few 1e-7 only: a ratio
-# 4 float32 steps above 1 + eps (A = +1) or below 1 - eps (A = -1) does NOT diverge.
-_up, _down = np.float32(1 + _eps), np.float32(1 - _eps)
-for _k in range(4):
-    _up = np.nextafter(_up, np.float32(2)); _down = np.nextafter(_down, np.float32(0))
-_r = np.concatenate([_r, np.array([_up, _down, _up], np.float32)])
-_a = np.concatenate([_a, np.array([1.0, -1.0, -1.0], np.float32)])
-_unc = _trusted_surrogate(_r, _a, _eps, clip=False).astype(np.float64)
-_cl = _trusted_surrogate(_r, _a, _eps).astype(np.float64)
-_div = np.abs(_unc - _cl) > 1e-6
-grading.check(bool(_div[0] and _div[1] and not _div[-3] and not _div[-2]), "grader self-check (edge cases)")
-_out = grading.call(surrogate_table, _r, _a, epsilon=_eps, surrogate=_trusted_surrogate, **_TASK)
-grading.check(_out.shape == (3, _n),
-              f"surrogate_table must return (unclipped, clipped, diverge) with one entry per input "
-              f"case ({_n} here), got an array of shape {_out.shape}. A table copied from the "
-              f"printout does not follow fresh inputs.")
-_hint = ("Compute the columns from the inputs with the surrogate argument; hard-coded values "
-         "fail on fresh inputs.")
-if grading.matches(_out[0], _cl) and grading.matches(_out[1], _unc):
-    _hint = "The columns are swapped: return (unclipped, clipped, diverge) in that order."
-grading.close(_out[0], _unc, "unclipped column on fresh inputs", hint=_hint)
-grading.close(_out[1], _cl, "clipped column on fresh inputs", hint=_hint)
-_edge_hint = ""
-if grading.matches(_out[2][-3:-1], [1.0, 1.0]):
-    _edge_hint = ("At the edge of the clip range the two terms differ by a few 1e-7 (float32 "
-                  "rounding, not a clip): use |unclipped - clipped| > DIVERGE_TOL, not an exact "
-                  "comparison.")
-grading.equal(_out[2], _div, "diverge column on fresh inputs (1 = True)",
-              hint=_edge_hint or "diverge is |unclipped - clipped| > DIVERGE_TOL = 1e-6.")
-# The five cases of the module.
-_five = grading.call(surrogate_table, _CASE_R, _CASE_A, surrogate=_trusted_surrogate, **_TASK)
-grading.equal(_five[2], [1.0, 0.0, 0.0, 1.0, 0.0], "diverge column of the five cases (1 = True)")
-grading.close(_five[:2], [[1.8, 1.05, -1.8, -0.3, 0.3], [1.2, 1.05, -1.8, -0.8, 0.3]],
-              "unclipped and clipped columns of the five cases")
+grading.judge("test_surrogate_table")
 ### END HIDDEN TESTS
 # Visible checks (a reference surrogate is passed in, as the hidden tests do).
 _ref = lambda r, a, epsilon=0.2, clip=True: (
@@ -392,72 +274,10 @@ for ax, advantage in zip(axes, (1.0, -1.0)):
     ax.legend(fontsize=8)
 fig.tight_layout()
 
-
 # %% nbgrader={"grade": true, "grade_id": "test_clip_boundary", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 # test_clip_boundary: clip_boundary finds the grid ratio where the clip starts to bind, for fresh epsilons, both signs of A and other grids
 ### BEGIN HIDDEN TESTS
-def _trusted_surrogate(ratio, advantage, epsilon=0.2, clip=True):
-    # The grader's own surrogate (NumPy, float32), passed in so that a mistake in Task 1 is not
-    # charged again here.
-    ratio = np.asarray(ratio, np.float32)
-    advantage = np.asarray(advantage, np.float32)
-    unclipped = ratio * advantage
-    if not clip:
-        return unclipped
-    return np.minimum(unclipped, np.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
-
-_CASE_R = np.array([1.8, 1.05, 1.8, 0.3, 0.3], np.float32)
-_CASE_A = np.array([1.0, 1.0, -1.0, -1.0, 1.0], np.float32)
-grading.close(_trusted_surrogate(_CASE_R, _CASE_A), [1.2, 1.05, -1.8, -0.8, 0.3], "grader self-check")
-_rng = grading.rng("clip_boundary")
-_TASK = {"task": "clip_boundary", "forbid": ("clipped_surrogate",)}
-_DEFAULT = (0.5 + 0.05 * np.arange(31)).astype(np.float32)
-
-def _expected(eps, adv, grid):
-    # Trusted sweep: (the non-diverging grid ratio next to a diverging one, that neighbour).
-    grid = np.asarray(grid, np.float32)
-    gap = np.abs(_trusted_surrogate(grid, adv, eps, clip=False) - _trusted_surrogate(grid, adv, eps))
-    div = gap > 1e-6
-    i = int(np.flatnonzero(div[1:] != div[:-1])[0])
-    calm, first = (i, i + 1) if not div[i] else (i + 1, i)
-    return float(grid[calm]), float(grid[first])
-
-_cases = []   # (epsilon, advantage, grid or None for the default, label)
-_eps = float(_rng.choice([0.05, 0.1, 0.15, 0.25, 0.3, 0.35, 0.4]))  # on the default grid
-_cases.append((0.2, float(_rng.uniform(0.5, 2.0)), None, "the default grid"))
-_cases.append((0.2, -float(_rng.uniform(0.5, 2.0)), None, "the default grid"))
-_cases.append((_eps, float(_rng.choice([-1, 1]) * _rng.uniform(0.5, 2.0)), None, "the default grid"))
-_eps = float(_rng.uniform(0.05, 0.45))   # fresh epsilon and fresh 16-point grids
-for _adv in (1.0, -1.0):
-    _b = 1 + _eps if _adv > 0 else 1 - _eps
-    _step = float(_rng.uniform(0.01, 0.03))
-    _k = int(_rng.integers(3, 13))              # index of 1 +/- epsilon on the grid
-    _grid = (_b + _step * (np.arange(16) - _k)).astype(np.float32)
-    _cases.append((_eps, _adv * float(_rng.uniform(0.5, 3.0)), _grid,
-                   f"a fresh grid (step {_step:.4f}) through 1{'+' if _adv > 0 else '-'}epsilon"))
-    _off = float(_rng.uniform(0.25, 0.75))      # ... and one that misses it
-    _grid = (_b + _step * (np.arange(16) - _k - _off)).astype(np.float32)
-    _cases.append((_eps, _adv * float(_rng.uniform(0.5, 3.0)), _grid,
-                   f"a fresh grid (step {_step:.4f}) that does not contain 1{'+' if _adv > 0 else '-'}epsilon"))
-
-for _eps_c, _adv_c, _grid_c, _label in _cases:
-    _want, _first_div = _expected(_eps_c, _adv_c, _DEFAULT if _grid_c is None else _grid_c)
-    _kw = {"surrogate": _trusted_surrogate, **_TASK}
-    if _grid_c is not None:
-        _kw["ratios"] = _grid_c
-    _got = grading.call(clip_boundary, _eps_c, _adv_c, **_kw)
-    _hint = ""
-    if grading.matches(_got, _first_div):
-        _hint = ("You returned the first DIVERGING ratio; the boundary is the non-diverging grid "
-                 "ratio next to it (at the boundary both terms are equal).")
-    elif _adv_c < 0 and grading.matches(_got, 1 + _eps_c, atol=1e-4):
-        _hint = ("For a negative advantage the clip binds BELOW 1 - epsilon: the diverging region "
-                 "is the low ratios, so the boundary is near 1 - epsilon.")
-    elif grading.matches(_got, (1 + _eps_c) if _adv_c > 0 else (1 - _eps_c)):
-        _hint = ("That is the formula value, but this grid does not contain it: return the grid "
-                 "ratio found by the sweep.")
-    grading.close(_got, _want, f"clip_boundary(epsilon={_eps_c:.4f}, advantage={_adv_c:+.3f}) on {_label}",
-                  hint=_hint, atol=1e-6)
+grading.judge("test_clip_boundary")
 ### END HIDDEN TESTS
 # Visible checks on the default grid (a reference surrogate is passed in).
 _ref = lambda r, a, epsilon=0.2, clip=True: (
@@ -500,22 +320,7 @@ print(f"ratio={capped_ratio}, A={capped_advantage}: unclipped {u:.4f}, clipped {
 # %% nbgrader={"grade": true, "grade_id": "test_capped_pair", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_capped_pair: the pair has A > 0, a ratio above 1 + epsilon and a clipped objective strictly below the unclipped one
 ### BEGIN HIDDEN TESTS
-grading.check("capped_ratio" in globals() and "capped_advantage" in globals(),
-              "Exercise 3: define both capped_ratio and capped_advantage.")
-try:
-    _pair = np.array([capped_ratio, capped_advantage], dtype=np.float64).reshape(2)
-except Exception:
-    _pair = None
-grading.check(_pair is not None, "Exercise 3: capped_ratio and capped_advantage must each be one number.")
-grading.check(bool(np.all(np.isfinite(_pair))), "Exercise 3: the pair must be finite numbers.")
-_r, _a = float(_pair[0]), float(_pair[1])
-grading.check(_a > 0, f"Exercise 3 asks for a GOOD action: the advantage must be positive (got {_a}).")
-grading.check(_r > 1.2, f"Exercise 3: the ratio must lie above 1 + epsilon = 1.2 so the clip can bind (got {_r}).")
-_c = grading.reference.clipped_surrogate(jnp.float32(_r), jnp.float32(_a), 0.2)
-_c = float(np.asarray(_c, np.float64))
-grading.check(_c < _r * _a - 1e-6,
-              f"Exercise 3: the clipped objective ({_c:.6f}) must be strictly smaller than the "
-              f"unclipped one ({_r * _a:.6f}).")
+grading.judge("test_capped_pair")
 ### END HIDDEN TESTS
 assert capped_advantage > 0 and capped_ratio > 1 + EPSILON
 print("capped pair: visible checks passed")

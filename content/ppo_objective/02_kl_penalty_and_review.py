@@ -95,47 +95,7 @@ def kl_divergence(logits_p, logits_q):
 # %% nbgrader={"grade": true, "grade_id": "test_kl_divergence", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # test_kl_divergence: kl_divergence(logits_p, logits_q) equals the exact KL(p || q) on fresh logits, in log space (no underflow), 0 for p = q
 ### BEGIN HIDDEN TESTS
-_rng = grading.rng("kl_divergence")
-_TASK = {"task": "kl_divergence", "forbid": ("categorical_kl",)}
-_ls = jax.nn.log_softmax
-
-def _fwd(p, q):
-    return grading.reference.categorical_kl(_ls(p), _ls(q))
-
-_rev_msg = ("KL direction reversed: measure KL(policy || reference), weighted by the policy's "
-            "probabilities (logits_p), not KL(reference || policy).")
-_n = 6   # one shape for every call, so JAX compiles each operation once
-for _trial in range(3):
-    _p = jnp.asarray(_rng.normal(0.0, 1.5, _n), jnp.float32)
-    _q = jnp.asarray(_rng.normal(0.0, 1.5, _n), jnp.float32)
-    _want, _reversed = _fwd(_p, _q), _fwd(_q, _p)
-    _unnormalised = jnp.sum(jnp.exp(_p) * (_p - _q))
-    _got = grading.call(kl_divergence, _p, _q, **_TASK)
-    _wrong_dir = grading.matches(_got, _reversed, rtol=1e-4) and not grading.matches(_got, _want, rtol=1e-4)
-    grading.check(not _wrong_dir, _rev_msg)
-    _hint = ""
-    if grading.matches(_got, _unnormalised, rtol=1e-4):
-        _hint = "The logits were used as log-probabilities: normalise them with jax.nn.log_softmax first."
-    grading.close(_got, _want, f"kl_divergence on fresh random logits", hint=_hint,
-                  rtol=1e-4, atol=1e-6)
-    grading.equal(grading.call(kl_divergence, _p, _p, **_TASK), 0.0,
-                  "KL of a distribution with itself",
-                  hint="log p - log p must cancel exactly; compute both sides the same way.")
-# Log space: one action with a vanishingly small probability under the reference, then
-# under the policy (exp(-150) underflows to 0 in float32).
-_p = _rng.normal(0.0, 1.0, _n)
-_q = _rng.normal(0.0, 1.0, _n)
-_j = int(_rng.integers(0, _n))
-_q_tiny = _q.copy(); _q_tiny[_j] -= 150.0
-_p_tiny = _p.copy(); _p_tiny[_j] -= 150.0
-_log_hint = ("Compute in log space: jax.nn.log_softmax for both arguments. jnp.log(softmax(...)) "
-             "gives log(0) = -inf for a tiny probability, and the KL becomes inf or nan.")
-for _pp, _qq, _where in ((_p, _q_tiny, "the reference"), (_p_tiny, _q, "the policy")):
-    _pp = jnp.asarray(_pp, jnp.float32); _qq = jnp.asarray(_qq, jnp.float32)
-    _want = _fwd(_pp, _qq)
-    grading.close(grading.call(kl_divergence, _pp, _qq, **_TASK), _want,
-                  f"kl_divergence when {_where} gives one action a probability of about exp(-150)",
-                  hint=_log_hint, rtol=1e-4, atol=1e-5)
+grading.judge("test_kl_divergence")
 ### END HIDDEN TESTS
 # Visible checks: the module's two numbers, and KL(p || p) = 0.
 np.testing.assert_allclose(kl_divergence(LOGITS_POLICY, LOGITS_REF_CLOSE), 0.0072039, atol=1e-6)
@@ -161,21 +121,7 @@ def penalized_reward(reward, beta, kl):
 # %% nbgrader={"grade": true, "grade_id": "test_penalized_reward", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_penalized_reward: penalized_reward equals reward - beta * KL on fresh inputs
 ### BEGIN HIDDEN TESTS
-_rng = grading.rng("penalized_reward")
-_TASK = {"task": "penalized_reward", "forbid": ("regularised_objective",)}
-_n = int(_rng.integers(3, 9))
-_reward = _rng.normal(0.5, 1.0, _n)
-_kl = _rng.uniform(0.0, 3.0, _n)
-_beta = float(_rng.uniform(0.05, 0.9))
-_want, _added, _no_beta = _reward - _beta * _kl, _reward + _beta * _kl, _reward - _kl
-_got = grading.call(penalized_reward, jnp.asarray(_reward, jnp.float32), _beta,
-                    jnp.asarray(_kl, jnp.float32), **_TASK)
-_hint = ""
-if grading.matches(_got, _added):
-    _hint = "The KL penalty is SUBTRACTED: drifting from the reference must lower the reward."
-elif grading.matches(_got, _no_beta):
-    _hint = "beta was ignored: the KL must be multiplied by beta before subtracting it."
-grading.close(_got, _want, f"penalized_reward on fresh inputs (beta={_beta:.4f})", hint=_hint, atol=1e-5)
+grading.judge("test_penalized_reward")
 ### END HIDDEN TESTS
 np.testing.assert_allclose(penalized_reward(1.0, 0.1, 0.0072039), 0.99928, atol=1e-5)
 np.testing.assert_allclose(penalized_reward(1.0, 0.1, 1.9827589), 0.80172, atol=1e-5)
@@ -284,33 +230,7 @@ fig.tight_layout()
 # %% nbgrader={"grade": true, "grade_id": "test_beta_sweep", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # test_beta_sweep: beta_sweep returns the penalised reward and the KL share for each beta of a fresh grid
 ### BEGIN HIDDEN TESTS
-_rng = grading.rng("beta_sweep")
-_TASK = {"task": "beta_sweep", "forbid": ("regularised_objective",)}
-
-def _trusted_penalize(reward, beta, kl):
-    return np.float32(reward) - np.asarray(beta, np.float32) * np.float32(kl)
-
-_m = 5
-for _trial in range(3):
-    _betas = np.sort(_rng.uniform(0.001, 2.0, _m))
-    _kl = float(_rng.uniform(0.01, 3.0))
-    _reward = float(_rng.uniform(0.5, 3.0))
-    _pen = _reward - _betas * _kl
-    _share = _betas * _kl / _reward
-    _got = grading.call(beta_sweep, _reward, _kl, _betas.astype(np.float32),
-                        penalize=_trusted_penalize, **_TASK)
-    grading.check(_got.shape == (2, _m),
-                  f"beta_sweep must return (penalised, share), each with one entry per beta "
-                  f"({_m} here); got an array of shape {_got.shape}.")
-    _what = f"beta_sweep(reward={_reward:.4f}, kl={_kl:.4f}, {_m} fresh betas)"
-    grading.close(_got[0], _pen, _what + ": penalised rewards", atol=1e-5)
-    _hint = ""
-    if grading.matches(_got[1], 100 * _share, rtol=1e-4):
-        _hint = "Return the share as a fraction (0.198), not a percentage (19.8)."
-    elif grading.matches(_got[1], _pen / _reward, rtol=1e-4):
-        _hint = "That is the share KEPT; the share CONSUMED is beta * kl / reward."
-    grading.close(_got[1], _share, _what + ": share of the raw reward consumed", hint=_hint,
-                  rtol=1e-4, atol=1e-6)
+grading.judge("test_beta_sweep")
 ### END HIDDEN TESTS
 # Visible checks with the far reference's KL (a reference penalize is passed in).
 _pen, _share = beta_sweep(1.0, 1.9827589, jnp.array([0.01, 0.1, 0.5, 1.0]),

@@ -97,25 +97,7 @@ plt.show()
 # %% nbgrader={"grade": true, "grade_id": "test_fit_reward_lesson", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_fit_reward_lesson: 100 steps at lr 0.1 on the lesson's preferences give the recorded rewards [1.9811294, 0.327278, -2.3084073]
 ### BEGIN HIDDEN TESTS
-R = grading.reference
-features = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]], np.float32)
-chosen_idx, rejected_idx = np.array([0, 0, 1]), np.array([1, 2, 2])
-want = R.fit_reward(features, chosen_idx, rejected_idx, steps=100, learning_rate=0.1)
-grading.close(rewards, want.rewards, "rewards fitted on the lesson's preferences", rtol=1e-5, atol=1e-5)
-grading.close(rewards, [1.9811294, 0.327278, -2.3084073], "the lesson's recorded rewards",
-              rtol=0.0, atol=1e-5)
-grading.close(reward_w, want.weights, "reward weights fitted on the lesson's preferences",
-              rtol=1e-5, atol=1e-5)
-# a short fit on the lesson's data through the grader (delegation to fit_reward is caught here)
-out = grading.call_raw(fit_reward_model, features, chosen_idx, rejected_idx, steps=7,
-                       learning_rate=0.1, task="fit_reward_model",
-                       forbid=("fit_reward", "_fit", "lesson_rewards", "_lesson_rewards_np"),
-                       convert=False)
-grading.check(isinstance(out, (tuple, list)) and len(out) == 2,
-              "fit_reward_model must return the pair (weights, rewards)")
-short = R.fit_reward(features, chosen_idx, rejected_idx, steps=7, learning_rate=0.1)
-grading.close(out[1], short.rewards, "rewards after 7 steps on the lesson's data", rtol=1e-4, atol=1e-5,
-              hint="run exactly `steps` gradient-descent steps from w = 0")
+grading.judge("test_fit_reward_lesson")
 ### END HIDDEN TESTS
 np.testing.assert_allclose(np.asarray(rewards), [1.9811294, 0.327278, -2.3084073], atol=1e-5,
                            err_msg="the lesson's fitted rewards (100 steps, learning rate 0.1, w from 0)")
@@ -123,35 +105,7 @@ np.testing.assert_allclose(np.asarray(rewards), [1.9811294, 0.327278, -2.3084073
 # %% nbgrader={"grade": true, "grade_id": "test_fit_reward_fresh", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_fit_reward_fresh: on fresh random preference data, steps and learning rate, weights and rewards match the reference fit
 ### BEGIN HIDDEN TESTS
-R = grading.reference
-rng = grading.rng("fit_reward_fresh")
-n, d, pairs = 3, 2, 3  # the lesson's shapes, fresh values
-features = rng.normal(size=(n, d)).astype(np.float32)
-chosen_idx = rng.integers(0, n, size=pairs)
-rejected_idx = (chosen_idx + rng.integers(1, n, size=pairs)) % n
-steps, lr = int(rng.integers(6, 12)), float(rng.uniform(0.2, 0.6))
-out = grading.call_raw(fit_reward_model, features, chosen_idx, rejected_idx, steps=steps,
-                       learning_rate=lr, task="fit_reward_model",
-                       forbid=("fit_reward", "_fit", "lesson_rewards", "_lesson_rewards_np"),
-                       convert=False)
-grading.check(isinstance(out, (tuple, list)) and len(out) == 2,
-              "fit_reward_model must return the pair (weights, rewards)")
-want = R.fit_reward(features, chosen_idx, rejected_idx, steps=steps, learning_rate=lr)
-if not grading.matches(out[0], want.weights, rtol=1e-4, atol=1e-5):
-    for message, wrong in {
-        "the steps argument was ignored (100 steps were run)":
-            R.fit_reward(features, chosen_idx, rejected_idx, steps=100, learning_rate=lr).weights,
-        "the learning_rate argument was ignored (0.1 was used)":
-            R.fit_reward(features, chosen_idx, rejected_idx, steps=steps, learning_rate=0.1).weights,
-        "one gradient step too few": R.fit_reward(features, chosen_idx, rejected_idx, steps=steps - 1,
-                                                  learning_rate=lr).weights,
-    }.items():
-        grading.check(not grading.matches(out[0], wrong, rtol=1e-4, atol=1e-5),
-                      "fit_reward_model: " + message)
-grading.close(out[0], want.weights, f"weights after {steps} steps at lr {lr:.3f} on fresh data",
-              rtol=1e-4, atol=1e-5, hint="gradient DESCENT on preference_loss from w = 0")
-grading.close(out[1], want.rewards, "per-action rewards on fresh data", rtol=1e-4, atol=1e-5,
-              hint="the rewards are features @ w for every action")
+grading.judge("test_fit_reward_fresh")
 ### END HIDDEN TESTS
 _w, _r = fit_reward_model(np.eye(3, 2, dtype=np.float32), np.array([0]), np.array([1]), steps=1,
                           learning_rate=1.0)
@@ -202,23 +156,7 @@ print("reference unchanged:", bool(np.array_equal(ref_logp, ref_before)), ref_lo
 # %% nbgrader={"grade": true, "grade_id": "test_reference_snapshot", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_reference_snapshot: the reference equals log_softmax of fresh logits, leaves them untouched, and does not move when they are updated in place
 ### BEGIN HIDDEN TESTS
-rng = grading.rng("reference_snapshot")
-n = 3  # the lesson's number of actions, fresh values
-policy = rng.normal(size=n).astype(np.float32)
-original = policy.copy()
-snap = grading.call_raw(snapshot_reference, policy, task="snapshot_reference", forbid=("*",),
-                        convert=False)
-grading.equal(policy, original, "policy logits after snapshot_reference",
-              hint="snapshot_reference must not modify the policy parameters: return an independent copy")
-x = original.astype(np.float64)
-grading.close(snap, x - (np.max(x) + np.log(np.sum(np.exp(x - np.max(x))))),
-              "reference log-probabilities", rtol=1e-5, atol=1e-5, hint="return log_softmax(policy_logits)")
-frozen = np.array(snap, dtype=np.float64, copy=True)
-policy += rng.normal(size=n).astype(np.float32)  # later in-place optimiser steps
-policy *= np.float32(3.0)
-grading.equal(snap, frozen, "reference after in-place updates of the policy logits",
-              hint="the reference moved with the policy: it shares memory with the parameters, "
-                   "return an independent copy")
+grading.judge("test_reference_snapshot")
 ### END HIDDEN TESTS
 assert np.array_equal(ref_logp, ref_before), (
     "the reference changed when theta was updated in place: return an independent copy")

@@ -89,78 +89,7 @@ def rollout_update(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, b
 # %% nbgrader={"grade": true, "grade_id": "test_rollout_update_fresh", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # test_rollout_update_fresh: on fresh random logits, rewards, reference and key, one rollout update equals the reference procedure
 ### BEGIN HIDDEN TESTS
-_UPDATE_MISTAKES = {
-    "recompute_old": "ratios are always 1: old log probs recomputed after every inner step "
-                     "(compute old_logp once per rollout, before the inner loop)",
-    "kl_to_old": "KL measured against the old policy, not the reference: pass the fixed ref_logp to the loss",
-    "no_baseline": "advantages have no baseline: subtract the old policy's exact expected reward sum_a pi_old(a) r(a)",
-    "batch_mean_baseline": "the baseline is the batch mean of the rewards: use the old policy's EXACT expected "
-                           "reward sum_a pi_old(a) r(a)",
-    "recompute_advantages": "advantages recomputed after every inner step: freeze them when the batch is collected",
-    "sample_reference": "actions were sampled from the reference policy: sample the batch from the CURRENT policy",
-    "one_step": "only one inner step was taken: reuse the batch for `epochs` inner steps",
-}
-
-
-def _trusted_update(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
-                    learning_rate, mistake=None):
-    """One rollout built from grading.reference pieces; `mistake` reproduces a classic error."""
-    R = grading.reference
-    logits = jnp.asarray(logits, jnp.float32)
-    rewards = jnp.asarray(rewards, jnp.float32)
-    ref_logp = jnp.asarray(ref_logp, jnp.float32)
-    old_all = jax.nn.log_softmax(logits)
-    sampler = ref_logp if mistake == "sample_reference" else old_all
-    actions = jax.random.categorical(draw_key, sampler, shape=(batch_size,))
-    old_logp = old_all[actions]
-    advantages = R.exact_advantages(actions, rewards, old_all)
-    if mistake == "no_baseline":
-        advantages = rewards[actions]
-    if mistake == "batch_mean_baseline":
-        advantages = rewards[actions] - jnp.mean(rewards[actions])
-    anchor = old_all if mistake == "kl_to_old" else ref_logp
-    grad = jax.grad(R.ppo_loss)
-    for _ in range(1 if mistake == "one_step" else epochs):
-        if mistake == "recompute_old":
-            old_logp = jax.nn.log_softmax(logits)[actions]
-        if mistake == "recompute_advantages":
-            advantages = R.exact_advantages(actions, rewards, jax.nn.log_softmax(logits))
-        logits = logits - learning_rate * grad(logits, old_logp, actions, advantages, anchor, beta, epsilon)
-    return logits
-
-
-def _check_update(got, inputs, hyper, mistakes):
-    """Compare the student's new logits with the trusted procedure; name the matching mistake if any."""
-    want = _trusted_update(*inputs, **hyper)
-    if not grading.matches(got, want, rtol=1e-4, atol=1e-5):
-        for mistake in mistakes:
-            wrong = _trusted_update(*inputs, **hyper, mistake=mistake)
-            grading.check(not grading.matches(got, wrong, rtol=1e-4, atol=1e-5),
-                          "rollout_update: " + _UPDATE_MISTAKES[mistake])
-    grading.close(got, want, "logits after one rollout update", rtol=1e-4, atol=1e-5,
-                  hint="sample from the current policy with draw_key, freeze old_logp and exact-baseline "
-                       "advantages, then take `epochs` steps of learning_rate * grad(ppo_loss) against ref_logp")
-def _fresh_update_inputs(rng, *, epochs, start_at_reference=False, beta_range=(0.1, 0.4)):
-    """Fresh logits, rewards, reference, sampling key and hyperparameters for one rollout update."""
-    n = 3  # the lesson's number of actions, fresh values (a new shape would recompile every primitive)
-    logits = rng.normal(size=n).astype(np.float32)
-    rewards_fresh = rng.normal(scale=1.5, size=n).astype(np.float32)
-    ref_source = logits if start_at_reference else logits + rng.normal(scale=1.5, size=n).astype(np.float32)
-    ref_fresh = np.asarray(jax.nn.log_softmax(jnp.asarray(ref_source, jnp.float32)))
-    draw_key = jax.random.key(int(rng.integers(0, 2**31 - 1)))
-    hyper = dict(batch_size=32, epochs=epochs, beta=float(rng.uniform(*beta_range)),
-                 epsilon=float(rng.uniform(0.1, 0.25)), learning_rate=float(rng.uniform(0.5, 1.0)))
-    return (logits, draw_key, rewards_fresh, ref_fresh), hyper
-FORBID = ("exact_advantages", "train", "train_core", "make_train", "_rollout_update", "seed_style_train", "run_lesson", "sweep_grid", "sweep_seeds")
-rng = grading.rng("rollout_update_fresh")
-inputs, hyper = _fresh_update_inputs(rng, epochs=3)
-rewards_before, ref_before = inputs[2].copy(), inputs[3].copy()
-got = grading.call(rollout_update, jnp.asarray(inputs[0]), *inputs[1:], task="rollout_update",
-                   forbid=FORBID, **hyper)
-grading.equal(inputs[3], ref_before, "ref_logp after rollout_update", hint="the reference must never change")
-grading.equal(inputs[2], rewards_before, "rewards after rollout_update", hint="the reward is frozen")
-_check_update(got, inputs, hyper, ["recompute_old", "kl_to_old", "no_baseline", "batch_mean_baseline",
-                                   "recompute_advantages", "sample_reference", "one_step"])
+grading.judge("test_rollout_update_fresh")
 ### END HIDDEN TESTS
 _new = rollout_update(jnp.asarray(init_logits), jax.random.key(0), rewards,
                       jax.nn.log_softmax(jnp.asarray(init_logits)), batch_size=32, epochs=2, beta=0.2,
@@ -171,75 +100,7 @@ assert np.shape(_new) == (3,) and bool(np.all(np.isfinite(np.asarray(_new)))), (
 # %% nbgrader={"grade": true, "grade_id": "test_old_logp_frozen", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_old_logp_frozen: starting at the reference with 3 inner steps: old log probs stay frozen across the inner steps (ratios move away from 1)
 ### BEGIN HIDDEN TESTS
-_UPDATE_MISTAKES = {
-    "recompute_old": "ratios are always 1: old log probs recomputed after every inner step "
-                     "(compute old_logp once per rollout, before the inner loop)",
-    "kl_to_old": "KL measured against the old policy, not the reference: pass the fixed ref_logp to the loss",
-    "no_baseline": "advantages have no baseline: subtract the old policy's exact expected reward sum_a pi_old(a) r(a)",
-    "batch_mean_baseline": "the baseline is the batch mean of the rewards: use the old policy's EXACT expected "
-                           "reward sum_a pi_old(a) r(a)",
-    "recompute_advantages": "advantages recomputed after every inner step: freeze them when the batch is collected",
-    "sample_reference": "actions were sampled from the reference policy: sample the batch from the CURRENT policy",
-    "one_step": "only one inner step was taken: reuse the batch for `epochs` inner steps",
-}
-
-
-def _trusted_update(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
-                    learning_rate, mistake=None):
-    """One rollout built from grading.reference pieces; `mistake` reproduces a classic error."""
-    R = grading.reference
-    logits = jnp.asarray(logits, jnp.float32)
-    rewards = jnp.asarray(rewards, jnp.float32)
-    ref_logp = jnp.asarray(ref_logp, jnp.float32)
-    old_all = jax.nn.log_softmax(logits)
-    sampler = ref_logp if mistake == "sample_reference" else old_all
-    actions = jax.random.categorical(draw_key, sampler, shape=(batch_size,))
-    old_logp = old_all[actions]
-    advantages = R.exact_advantages(actions, rewards, old_all)
-    if mistake == "no_baseline":
-        advantages = rewards[actions]
-    if mistake == "batch_mean_baseline":
-        advantages = rewards[actions] - jnp.mean(rewards[actions])
-    anchor = old_all if mistake == "kl_to_old" else ref_logp
-    grad = jax.grad(R.ppo_loss)
-    for _ in range(1 if mistake == "one_step" else epochs):
-        if mistake == "recompute_old":
-            old_logp = jax.nn.log_softmax(logits)[actions]
-        if mistake == "recompute_advantages":
-            advantages = R.exact_advantages(actions, rewards, jax.nn.log_softmax(logits))
-        logits = logits - learning_rate * grad(logits, old_logp, actions, advantages, anchor, beta, epsilon)
-    return logits
-
-
-def _check_update(got, inputs, hyper, mistakes):
-    """Compare the student's new logits with the trusted procedure; name the matching mistake if any."""
-    want = _trusted_update(*inputs, **hyper)
-    if not grading.matches(got, want, rtol=1e-4, atol=1e-5):
-        for mistake in mistakes:
-            wrong = _trusted_update(*inputs, **hyper, mistake=mistake)
-            grading.check(not grading.matches(got, wrong, rtol=1e-4, atol=1e-5),
-                          "rollout_update: " + _UPDATE_MISTAKES[mistake])
-    grading.close(got, want, "logits after one rollout update", rtol=1e-4, atol=1e-5,
-                  hint="sample from the current policy with draw_key, freeze old_logp and exact-baseline "
-                       "advantages, then take `epochs` steps of learning_rate * grad(ppo_loss) against ref_logp")
-def _fresh_update_inputs(rng, *, epochs, start_at_reference=False, beta_range=(0.1, 0.4)):
-    """Fresh logits, rewards, reference, sampling key and hyperparameters for one rollout update."""
-    n = 3  # the lesson's number of actions, fresh values (a new shape would recompile every primitive)
-    logits = rng.normal(size=n).astype(np.float32)
-    rewards_fresh = rng.normal(scale=1.5, size=n).astype(np.float32)
-    ref_source = logits if start_at_reference else logits + rng.normal(scale=1.5, size=n).astype(np.float32)
-    ref_fresh = np.asarray(jax.nn.log_softmax(jnp.asarray(ref_source, jnp.float32)))
-    draw_key = jax.random.key(int(rng.integers(0, 2**31 - 1)))
-    hyper = dict(batch_size=32, epochs=epochs, beta=float(rng.uniform(*beta_range)),
-                 epsilon=float(rng.uniform(0.1, 0.25)), learning_rate=float(rng.uniform(0.5, 1.0)))
-    return (logits, draw_key, rewards_fresh, ref_fresh), hyper
-FORBID = ("exact_advantages", "train", "train_core", "make_train", "_rollout_update", "seed_style_train", "run_lesson", "sweep_grid", "sweep_seeds")
-rng = grading.rng("old_logp_frozen")
-# at the reference the old policy and the reference coincide, so only the inner-loop freezing matters
-inputs, hyper = _fresh_update_inputs(rng, epochs=3, start_at_reference=True)
-got = grading.call(rollout_update, jnp.asarray(inputs[0]), *inputs[1:], task="rollout_update",
-                   forbid=FORBID, **hyper)
-_check_update(got, inputs, hyper, ["recompute_old", "recompute_advantages", "one_step"])
+grading.judge("test_old_logp_frozen")
 ### END HIDDEN TESTS
 # record what rollout_update hands to ppo_step (checked only if your code calls ppo_step)
 import inspect
@@ -269,77 +130,7 @@ if _calls:
 # %% nbgrader={"grade": true, "grade_id": "test_kl_against_reference", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_kl_against_reference: with one inner step and a reference far from the policy, the KL term pulls towards ref_logp, not the old policy; the reference is unchanged
 ### BEGIN HIDDEN TESTS
-_UPDATE_MISTAKES = {
-    "recompute_old": "ratios are always 1: old log probs recomputed after every inner step "
-                     "(compute old_logp once per rollout, before the inner loop)",
-    "kl_to_old": "KL measured against the old policy, not the reference: pass the fixed ref_logp to the loss",
-    "no_baseline": "advantages have no baseline: subtract the old policy's exact expected reward sum_a pi_old(a) r(a)",
-    "batch_mean_baseline": "the baseline is the batch mean of the rewards: use the old policy's EXACT expected "
-                           "reward sum_a pi_old(a) r(a)",
-    "recompute_advantages": "advantages recomputed after every inner step: freeze them when the batch is collected",
-    "sample_reference": "actions were sampled from the reference policy: sample the batch from the CURRENT policy",
-    "one_step": "only one inner step was taken: reuse the batch for `epochs` inner steps",
-}
-
-
-def _trusted_update(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
-                    learning_rate, mistake=None):
-    """One rollout built from grading.reference pieces; `mistake` reproduces a classic error."""
-    R = grading.reference
-    logits = jnp.asarray(logits, jnp.float32)
-    rewards = jnp.asarray(rewards, jnp.float32)
-    ref_logp = jnp.asarray(ref_logp, jnp.float32)
-    old_all = jax.nn.log_softmax(logits)
-    sampler = ref_logp if mistake == "sample_reference" else old_all
-    actions = jax.random.categorical(draw_key, sampler, shape=(batch_size,))
-    old_logp = old_all[actions]
-    advantages = R.exact_advantages(actions, rewards, old_all)
-    if mistake == "no_baseline":
-        advantages = rewards[actions]
-    if mistake == "batch_mean_baseline":
-        advantages = rewards[actions] - jnp.mean(rewards[actions])
-    anchor = old_all if mistake == "kl_to_old" else ref_logp
-    grad = jax.grad(R.ppo_loss)
-    for _ in range(1 if mistake == "one_step" else epochs):
-        if mistake == "recompute_old":
-            old_logp = jax.nn.log_softmax(logits)[actions]
-        if mistake == "recompute_advantages":
-            advantages = R.exact_advantages(actions, rewards, jax.nn.log_softmax(logits))
-        logits = logits - learning_rate * grad(logits, old_logp, actions, advantages, anchor, beta, epsilon)
-    return logits
-
-
-def _check_update(got, inputs, hyper, mistakes):
-    """Compare the student's new logits with the trusted procedure; name the matching mistake if any."""
-    want = _trusted_update(*inputs, **hyper)
-    if not grading.matches(got, want, rtol=1e-4, atol=1e-5):
-        for mistake in mistakes:
-            wrong = _trusted_update(*inputs, **hyper, mistake=mistake)
-            grading.check(not grading.matches(got, wrong, rtol=1e-4, atol=1e-5),
-                          "rollout_update: " + _UPDATE_MISTAKES[mistake])
-    grading.close(got, want, "logits after one rollout update", rtol=1e-4, atol=1e-5,
-                  hint="sample from the current policy with draw_key, freeze old_logp and exact-baseline "
-                       "advantages, then take `epochs` steps of learning_rate * grad(ppo_loss) against ref_logp")
-def _fresh_update_inputs(rng, *, epochs, start_at_reference=False, beta_range=(0.1, 0.4)):
-    """Fresh logits, rewards, reference, sampling key and hyperparameters for one rollout update."""
-    n = 3  # the lesson's number of actions, fresh values (a new shape would recompile every primitive)
-    logits = rng.normal(size=n).astype(np.float32)
-    rewards_fresh = rng.normal(scale=1.5, size=n).astype(np.float32)
-    ref_source = logits if start_at_reference else logits + rng.normal(scale=1.5, size=n).astype(np.float32)
-    ref_fresh = np.asarray(jax.nn.log_softmax(jnp.asarray(ref_source, jnp.float32)))
-    draw_key = jax.random.key(int(rng.integers(0, 2**31 - 1)))
-    hyper = dict(batch_size=32, epochs=epochs, beta=float(rng.uniform(*beta_range)),
-                 epsilon=float(rng.uniform(0.1, 0.25)), learning_rate=float(rng.uniform(0.5, 1.0)))
-    return (logits, draw_key, rewards_fresh, ref_fresh), hyper
-FORBID = ("exact_advantages", "train", "train_core", "make_train", "_rollout_update", "seed_style_train", "run_lesson", "sweep_grid", "sweep_seeds")
-rng = grading.rng("kl_against_reference")
-# one inner step: frozen and recomputed old log probs agree, so only the KL anchor matters
-inputs, hyper = _fresh_update_inputs(rng, epochs=1, beta_range=(0.5, 1.0))
-ref_before = inputs[3].copy()
-got = grading.call(rollout_update, jnp.asarray(inputs[0]), *inputs[1:], task="rollout_update",
-                   forbid=FORBID, **hyper)
-grading.equal(inputs[3], ref_before, "ref_logp after rollout_update", hint="the reference must never change")
-_check_update(got, inputs, hyper, ["kl_to_old", "no_baseline", "batch_mean_baseline", "sample_reference"])
+grading.judge("test_kl_against_reference")
 ### END HIDDEN TESTS
 # record what rollout_update hands to ppo_step (checked only if your code calls ppo_step)
 _far_ref = jax.nn.log_softmax(jnp.array([-1.0, 0.5, 1.0]))
@@ -414,65 +205,7 @@ def run_ppo(rewards, init_logits, *, iterations=40, batch_size=128, epochs=3, be
 # %% nbgrader={"grade": true, "grade_id": "test_loop", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_loop: run_ppo chains rollouts: one fresh subkey per rollout, a fixed reference, each output fed into the next rollout, exact reward and KL recorded
 ### BEGIN HIDDEN TESTS
-FORBID = ("exact_advantages", "train", "train_core", "make_train", "_rollout_update", "seed_style_train", "run_lesson", "sweep_grid", "sweep_seeds")
-R = grading.reference
-rng = grading.rng("loop")
-n, T = 3, 4
-init = rng.normal(size=n).astype(np.float32)
-rewards_fresh = rng.normal(scale=1.5, size=n).astype(np.float32)
-seed = int(rng.integers(0, 2**31 - 1))
-hyper = dict(batch_size=int(rng.integers(8, 33)), epochs=int(rng.integers(1, 4)),  # only passed on
-             beta=float(rng.uniform(0.1, 0.4)), epsilon=float(rng.uniform(0.1, 0.3)),
-             learning_rate=float(rng.uniform(0.05, 0.3)))
-ref = jax.nn.log_softmax(jnp.asarray(init))
-# the plan: which logits and key each rollout should receive, and a stand-in result for each
-key, plan, current = jax.random.key(seed), [], jnp.asarray(init)
-for _ in range(T):
-    key, draw = jax.random.split(key)
-    following = current + jnp.asarray(rng.normal(scale=0.5, size=n), jnp.float32)
-    plan.append((current, jax.random.key_data(draw), following))
-    current = following
-stand_ins, calls = [p[2] for p in plan], []  # the recorder sees only what it must return
-
-def recording_update(logits, draw_key, rewards, ref_logp, **kwargs):
-    calls.append((logits, draw_key, rewards, ref_logp, kwargs))
-    return stand_ins[min(len(calls), len(stand_ins)) - 1]
-
-out = grading.call_raw(run_ppo, rewards_fresh, init, iterations=T, seed=seed, update=recording_update,
-                       task="run_ppo", forbid=FORBID, convert=False, **hyper)
-grading.check(len(calls) == T, f"run_ppo must call update once per rollout: {T} rollouts, {len(calls)} calls")
-for k, (logits_k, draw_k, rewards_k, ref_k, kwargs_k) in enumerate(calls):
-    grading.close(logits_k, plan[k][0], f"logits passed to update on rollout {k}", rtol=1e-6, atol=1e-6,
-                  hint="start from init_logits and feed each rollout's result into the next")
-    if not grading.matches(ref_k, ref, rtol=1e-6, atol=1e-6):
-        grading.check(not grading.matches(ref_k, jax.nn.log_softmax(jnp.asarray(plan[k][0])),
-                                          rtol=1e-6, atol=1e-6),
-                      "run_ppo: KL measured against the old policy, not the reference: the reference "
-                      "must stay log_softmax(init_logits) for the whole run")
-    grading.close(ref_k, ref, f"ref_logp passed to update on rollout {k}", rtol=1e-6, atol=1e-6,
-                  hint="the reference is log_softmax(init_logits), computed once and never refreshed")
-    grading.close(rewards_k, rewards_fresh, f"rewards passed to update on rollout {k}")
-    is_typed = jnp.issubdtype(getattr(draw_k, "dtype", np.uint32), jax.dtypes.prng_key)
-    grading.equal(jax.random.key_data(draw_k) if is_typed else draw_k, plan[k][1],
-                  f"sampling key passed to update on rollout {k}",
-                  hint="start from jax.random.key(seed) and split once per rollout: "
-                       "key, draw = jax.random.split(key); pass draw")
-    for name, value in hyper.items():
-        grading.check(name in kwargs_k and grading.matches(kwargs_k[name], value, rtol=1e-6, atol=0.0),
-                      f"run_ppo must pass {name}={value} to update (got {kwargs_k.get(name)!r})")
-finals = [jnp.asarray(p[2]) for p in plan]
-logps = [jax.nn.log_softmax(f) for f in finals]
-grading.close(out["reward"], [R.expected_reward(lp, jnp.asarray(rewards_fresh)) for lp in logps],
-              "exact expected reward after each rollout", rtol=1e-5, atol=1e-6,
-              hint="record sum_a pi(a) r(a) of the policy returned by each rollout")
-grading.close(out["kl"], [R.categorical_kl(lp, ref) for lp in logps], "exact KL after each rollout",
-              rtol=1e-5, atol=1e-6, hint="record KL(pi || pi_ref) of each rollout's result")
-grading.close(out["probs"], [jnp.exp(lp) for lp in logps], "action probabilities after each rollout",
-              rtol=1e-5, atol=1e-6)
-grading.close(out["final_logits"], finals[-1], "final logits", rtol=1e-6, atol=1e-6)
-grading.close(out["ref_logp"], ref, "ref_logp returned by run_ppo", rtol=1e-6, atol=1e-6)
-grading.close(out["initial_reward"], R.expected_reward(ref, jnp.asarray(rewards_fresh)),
-              "initial_reward (expected reward of the reference)", rtol=1e-5, atol=1e-6)
+grading.judge("test_loop")
 ### END HIDDEN TESTS
 _out = run_ppo(rewards, init_logits, iterations=2, batch_size=8, epochs=1)
 assert len(_out["reward"]) == 2 and len(_out["kl"]) == 2 and np.shape(_out["probs"]) == (2, 3), (
@@ -493,90 +226,7 @@ print("Reward initial/final and final KL:", run["initial_reward"], run["reward"]
 # %% nbgrader={"grade": true, "grade_id": "test_recorded_numbers", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # test_recorded_numbers: your pipeline reproduces the recorded run (0.28191882 / 1.9185448 / 0.7824773) and a fresh short run matches the reference procedure
 ### BEGIN HIDDEN TESTS
-_UPDATE_MISTAKES = {
-    "recompute_old": "ratios are always 1: old log probs recomputed after every inner step "
-                     "(compute old_logp once per rollout, before the inner loop)",
-    "kl_to_old": "KL measured against the old policy, not the reference: pass the fixed ref_logp to the loss",
-    "no_baseline": "advantages have no baseline: subtract the old policy's exact expected reward sum_a pi_old(a) r(a)",
-    "batch_mean_baseline": "the baseline is the batch mean of the rewards: use the old policy's EXACT expected "
-                           "reward sum_a pi_old(a) r(a)",
-    "recompute_advantages": "advantages recomputed after every inner step: freeze them when the batch is collected",
-    "sample_reference": "actions were sampled from the reference policy: sample the batch from the CURRENT policy",
-    "one_step": "only one inner step was taken: reuse the batch for `epochs` inner steps",
-}
-
-
-def _trusted_update(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
-                    learning_rate, mistake=None):
-    """One rollout built from grading.reference pieces; `mistake` reproduces a classic error."""
-    R = grading.reference
-    logits = jnp.asarray(logits, jnp.float32)
-    rewards = jnp.asarray(rewards, jnp.float32)
-    ref_logp = jnp.asarray(ref_logp, jnp.float32)
-    old_all = jax.nn.log_softmax(logits)
-    sampler = ref_logp if mistake == "sample_reference" else old_all
-    actions = jax.random.categorical(draw_key, sampler, shape=(batch_size,))
-    old_logp = old_all[actions]
-    advantages = R.exact_advantages(actions, rewards, old_all)
-    if mistake == "no_baseline":
-        advantages = rewards[actions]
-    if mistake == "batch_mean_baseline":
-        advantages = rewards[actions] - jnp.mean(rewards[actions])
-    anchor = old_all if mistake == "kl_to_old" else ref_logp
-    grad = jax.grad(R.ppo_loss)
-    for _ in range(1 if mistake == "one_step" else epochs):
-        if mistake == "recompute_old":
-            old_logp = jax.nn.log_softmax(logits)[actions]
-        if mistake == "recompute_advantages":
-            advantages = R.exact_advantages(actions, rewards, jax.nn.log_softmax(logits))
-        logits = logits - learning_rate * grad(logits, old_logp, actions, advantages, anchor, beta, epsilon)
-    return logits
-
-
-def _check_update(got, inputs, hyper, mistakes):
-    """Compare the student's new logits with the trusted procedure; name the matching mistake if any."""
-    want = _trusted_update(*inputs, **hyper)
-    if not grading.matches(got, want, rtol=1e-4, atol=1e-5):
-        for mistake in mistakes:
-            wrong = _trusted_update(*inputs, **hyper, mistake=mistake)
-            grading.check(not grading.matches(got, wrong, rtol=1e-4, atol=1e-5),
-                          "rollout_update: " + _UPDATE_MISTAKES[mistake])
-    grading.close(got, want, "logits after one rollout update", rtol=1e-4, atol=1e-5,
-                  hint="sample from the current policy with draw_key, freeze old_logp and exact-baseline "
-                       "advantages, then take `epochs` steps of learning_rate * grad(ppo_loss) against ref_logp")
-def _trusted_run(rewards_run, init_logits, *, iterations, seed, **hyper):
-    """The whole loop with the trusted update: per-rollout exact reward and KL, final logits."""
-    R = grading.reference
-    logits = jnp.asarray(init_logits, jnp.float32)
-    ref_logp = jax.nn.log_softmax(logits)
-    key = jax.random.key(seed)
-    reward_hist, kl_hist = [], []
-    for _ in range(iterations):
-        key, draw = jax.random.split(key)
-        logits = _trusted_update(logits, draw, rewards_run, ref_logp, **hyper)
-        logp = jax.nn.log_softmax(logits)
-        reward_hist.append(R.expected_reward(logp, jnp.asarray(rewards_run, jnp.float32)))
-        kl_hist.append(R.categorical_kl(logp, ref_logp))
-    return np.asarray(reward_hist), np.asarray(kl_hist), np.asarray(logits)
-FORBID = ("exact_advantages", "train", "train_core", "make_train", "_rollout_update", "seed_style_train", "run_lesson", "sweep_grid", "sweep_seeds")
-grading.close(run["initial_reward"], 0.28191882371902466, "initial expected reward", rtol=0.0, atol=1e-5)
-grading.close(run["reward"][-1], 1.9185447692871094, "final expected reward", rtol=0.0, atol=1e-5)
-grading.close(run["kl"][-1], 0.7824773192405701, "final KL to the reference (nats)", rtol=0.0, atol=1e-5)
-# a fresh short run of YOUR pipeline (a hard-coded or delegated answer fails here)
-rng = grading.rng("recorded_fresh")
-n = 3  # the lesson's number of actions, fresh values
-init = rng.normal(size=n).astype(np.float32)
-rewards_fresh = rng.normal(scale=1.5, size=n).astype(np.float32)
-hyper = dict(batch_size=32, epochs=2, beta=float(rng.uniform(0.1, 0.4)),
-             epsilon=float(rng.uniform(0.1, 0.3)), learning_rate=float(rng.uniform(0.1, 0.5)))
-seed = int(rng.integers(0, 2**31 - 1))
-out = grading.call_raw(run_ppo, jnp.asarray(rewards_fresh), init, iterations=3, seed=seed,
-                       task="run_ppo", forbid=FORBID, convert=False, **hyper)
-want_reward, want_kl, want_logits = _trusted_run(rewards_fresh, init, iterations=3, seed=seed, **hyper)
-grading.close(out["reward"], want_reward, "expected reward per rollout on a fresh short run",
-              rtol=1e-4, atol=1e-5, hint="compute the run; do not return recorded numbers")
-grading.close(out["kl"], want_kl, "KL per rollout on a fresh short run", rtol=1e-4, atol=1e-5)
-grading.close(out["final_logits"], want_logits, "final logits on a fresh short run", rtol=1e-4, atol=1e-5)
+grading.judge("test_recorded_numbers")
 ### END HIDDEN TESTS
 assert abs(run["initial_reward"] - 0.28191882) < 1e-5, f"initial reward {run['initial_reward']}, expected 0.28191882"
 assert abs(run["reward"][-1] - 1.9185448) < 1e-5, f"final reward {run['reward'][-1]}, expected 1.9185448"

@@ -48,7 +48,7 @@ except Exception:  # pragma: no cover - IPython is always present in a kernel
     _get_ipython = None
 import threading as _threading
 
-__all__ = ["start", "untampered", "call", "close", "equal", "check", "rng", "reference", "GradingError"]
+__all__ = ["start", "untampered", "call", "close", "equal", "check", "rng", "reference", "GradingError", "judge"]
 
 
 class GradingError(AssertionError):
@@ -57,20 +57,8 @@ class GradingError(AssertionError):
 
 # Trusted private references, bound at import time of this module (before any student code, because
 # the locked first cell imports it). Looked up through this module's globals, never the user's namespace.
-_asarray = np.asarray
-_float64 = np.float64
-_isfinite = np.isfinite
-_abs = np.abs
-_array_equal = np.array_equal
-_all = np.all
-_any = np.any
-_argmax = np.argmax
-_shape = np.shape
-_bool = builtins.bool
-_float = builtins.float
 _len = builtins.len
 _isinstance = builtins.isinstance
-_repr = builtins.repr
 _getattr = builtins.getattr
 _id = builtins.id
 _sorted = builtins.sorted
@@ -124,6 +112,9 @@ class _State:
         self.private_globals: dict[str, tuple[dict, dict[str, int]]] = {}
         # code objects whose execution inside a student's function is tampering, not delegation
         self.tamper_codes: dict[types.CodeType, str] = {}
+        # the private copy of rlhf_lab.judging (the checks hidden tests run) and each check's identity
+        self.judging: types.ModuleType | None = None
+        self.check_ids: dict[str, tuple] = {}
 
 
 _STATE: _State | None = None
@@ -170,6 +161,26 @@ def _load_private(modname: str, alias: str):
     return module
 
 
+def _load_private_package(subpackage: str, alias: str) -> dict:
+    """Load the package ``rlhf_lab.<subpackage>`` from its folder under a private name.
+
+    Its modules import each other relatively, so they are loaded as ``<alias>.<module>`` and then
+    taken out of ``sys.modules`` again (they keep their references to each other): student code
+    finds them neither under ``rlhf_lab`` nor under the private name. Returns ``{name: module}``.
+    """
+    folder = Path(__file__).with_name(subpackage)
+    spec = importlib.util.spec_from_file_location(alias, folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = package
+    try:
+        spec.loader.exec_module(package)
+        return {name: module for name, module in sys.modules.items() if name == alias or name.startswith(alias + ".")}
+    finally:
+        for name in [n for n in sys.modules if n == alias or n.startswith(alias + ".")]:
+            del sys.modules[name]
+
+
 def start() -> None:
     """Snapshot trusted state. Call once in the first (locked) cell of every notebook; idempotent."""
     global _STATE, reference
@@ -213,6 +224,13 @@ def start() -> None:
         state.private_globals[label] = (namespace, {k: _id(v) for k, v in namespace.items()
                                                      if k not in _SKIP_ATTRS})
     state.own["reference"] = _id(state.reference)
+    # the hidden tests' checks (rlhf_lab.judging), a private copy too
+    judging = _load_private_package("judging", "_rlhf_trusted_judging")
+    state.judging = judging["_rlhf_trusted_judging"]
+    for name, module in judging.items():  # (not forbidden: it is the grader's own code, never the student's)
+        namespace = vars(module)
+        state.private_globals[name] = (namespace, {k: _id(v) for k, v in namespace.items() if k not in _SKIP_ATTRS})
+    state.check_ids = {name: _fingerprint(spec.run) for name, spec in state.judging.CHECKS.items()}
     for fn, label in ((_threading.setprofile, "threading.setprofile"), (_threading.settrace, "threading.settrace")):
         code = _getattr(fn, "__code__", None)
         if code is not None:
@@ -288,6 +306,11 @@ def tampering_report() -> list[str]:
         for name, ident in ids.items():
             if _id(namespace.get(name)) != ident:
                 problems.append(f"a global of the trusted reference copy ({label}.{name})")
+    checks = state.judging.CHECKS if state.judging is not None else {}
+    for name, fingerprint in state.check_ids.items():
+        spec = checks.get(name)
+        if spec is None or _fingerprint(spec.run) != fingerprint:
+            problems.append(f"the hidden test's check {name!r}")
     user_ns = _user_ns()
     if user_ns is not None:
         for name, obj in _USER_NAMES.items():
@@ -325,19 +348,23 @@ def rng(tag: str = "") -> np.random.Generator:
 SEEDS: dict[str, int] = {}
 
 
+def _core():
+    """The private copy of :mod:`rlhf_lab.judging.core` loaded by :func:`start` (it decides every comparison)."""
+    return _state().judging.core
+
+
+def _decided(fn, *args, **kwargs):
+    """Run a decision of the private judging core; its failures become this module's :class:`GradingError`."""
+    core = _core()
+    try:
+        return fn(*args, **kwargs)
+    except core.GradingError as exc:
+        raise GradingError(str(exc)) from None
+
+
 def _to_float_array(value, what: str) -> np.ndarray:
     """Convert an answer to a float64 array with trusted NumPy; non-numeric answers fail."""
-    if _isinstance(value, (str, bytes)):
-        raise GradingError(f"{what}: expected a number or array, got the text {_repr(value)[:60]}")
-    try:
-        arr = _asarray(value, dtype=_float64)
-    except Exception as exc:  # noqa: BLE001 - any failure to convert is the student's answer's fault
-        raise GradingError(
-            f"{what}: the answer is not a number or numeric array (got {type(value).__name__}: {exc})"
-        ) from None
-    if arr.dtype != _float64 or arr.dtype.hasobject:
-        raise GradingError(f"{what}: the answer is not numeric (dtype {arr.dtype})")
-    return arr.copy()
+    return _decided(_core().to_float, value, what)
 
 
 def _hook_for(forbidden: dict[types.CodeType, str], hits: list[str], tampered: list[str] | None = None,
@@ -398,16 +425,8 @@ def call_raw(fn, *args, task: str, forbid=(), convert=True, **kwargs):
     """Like :func:`call`; with ``convert=False`` the raw result is returned (still checked for delegation)."""
     untampered()
     state = _state()
-    if not callable(fn):
-        raise GradingError(f"{task}: expected a function, got {type(fn).__name__}")
-    forbidden = dict(state.reference_codes)
-    for code, qual in state.library_codes.items():
-        short = qual.split(".")[2] if qual.count(".") >= 2 else qual
-        if "*" in forbid or short in forbid:
-            forbidden[code] = qual
-    reached = _reachable_forbidden(fn, forbidden, _passed_names(fn, args, kwargs))
-    if reached is not None:
-        raise GradingError(_delegated(task, reached, "is used by"))
+    forbidden = _forbidden_codes(state, forbid)
+    _static_delegation_check(fn, task, forbidden, args, kwargs)
     hits: list[str] = []
     tampered: list[str] = []
     armed = [True]
@@ -435,6 +454,25 @@ def call_raw(fn, *args, task: str, forbid=(), convert=True, **kwargs):
         raise GradingError(_delegated(task, hits[0]))
     untampered()
     return out
+
+
+def _forbidden_codes(state: _State, forbid) -> dict:
+    """Code objects the student's function must not run: the private references and the ``forbid`` names."""
+    forbidden = dict(state.reference_codes)
+    for code, qual in state.library_codes.items():
+        short = qual.split(".")[2] if qual.count(".") >= 2 else qual
+        if "*" in forbid or short in forbid:
+            forbidden[code] = qual
+    return forbidden
+
+
+def _static_delegation_check(fn, task: str, forbidden: dict, args: tuple = (), kwargs: dict | None = None) -> None:
+    """Fail the task when a forbidden library function is reachable from ``fn`` (read, not run)."""
+    if not callable(fn):
+        raise GradingError(f"{task}: expected a function, got {type(fn).__name__}")
+    reached = _reachable_forbidden(fn, forbidden, _passed_names(fn, args, kwargs or {}))
+    if reached is not None:
+        raise GradingError(_delegated(task, reached, "is used by"))
 
 
 def _delegated(task: str, qual: str, how: str = "ran inside") -> str:
@@ -625,9 +663,76 @@ def _reachable_forbidden(fn, forbidden: dict[types.CodeType, str], passed: froze
     return None
 
 
-def _fmt(arr: np.ndarray) -> str:
-    with np.printoptions(precision=6, suppress=True, threshold=12, edgeitems=3):
-        return np.array2string(arr) if arr.ndim else f"{_float(arr):.8g}"
+class _KernelStudent:
+    """The judging vocabulary (:class:`rlhf_lab.judging.core.Student`) inside the student's kernel.
+
+    Every function of the notebook is called through :func:`call_raw` (delegation and tampering
+    checks), every result is turned into plain data before a check sees it.
+    """
+
+    def __init__(self, namespace: dict, spec, core):
+        self._ns, self._spec, self._core = namespace, spec, core
+
+    def _fn(self, name: str):
+        if name not in self._ns:
+            raise GradingError(f"{self._spec.task}: `{name}` is not defined: run the cell that defines it "
+                               "(restart the kernel and run the notebook from the top)")
+        return self._ns[name]
+
+    def _run(self, fn, args, kwargs, task: str, what: str):
+        core = self._core
+        args = core.materialise(tuple(args))
+        kwargs = core.materialise(dict(kwargs))
+        out = call_raw(fn, *args, task=task, forbid=self._spec.forbid, convert=False, **kwargs)
+        return core.plain(out, what)
+
+    def call(self, name: str, *args, **kwargs):
+        return self._run(self._fn(name), args, kwargs, name, f"{name}: its result")
+
+    def grad(self, name: str, argnums, *args, **kwargs):
+        fn = jax.grad(self._fn(name), argnums=argnums)
+        return self._run(fn, args, kwargs, name, f"{name}: its gradient")
+
+    def value(self, name: str):
+        return self._core.plain(self._fn(name), f"{self._spec.task}: {name}")
+
+    def scenario(self, source, needs, *args, **kwargs):
+        procedure = source.build()
+        students = {n: self._fn(n) for n in needs}
+        forbidden = _forbidden_codes(_state(), self._spec.forbid)
+        for n, fn in students.items():
+            _static_delegation_check(fn, n, forbidden)
+        core = self._core
+        args = core.materialise(tuple(args))
+        kwargs = core.materialise(dict(kwargs))
+        spec = self._spec
+        # the procedure runs the student's functions; all of it is watched like one call
+        out = call_raw(lambda: procedure(*args, **students, **kwargs), task=spec.task, forbid=spec.forbid,
+                       convert=False)
+        return core.plain(out, f"{spec.task}: {source.name}")
+
+
+def judge(name: str) -> None:
+    """Run the check of the test cell ``name`` (:data:`rlhf_lab.judging.CHECKS`) on this notebook.
+
+    The hidden region of every test cell is this one call. The check draws fresh inputs from
+    :func:`rng`, asks the notebook's functions for their outputs, computes the expected values with
+    the private reference copy and raises :class:`GradingError` with a message for the student.
+    """
+    untampered()
+    state = _state()
+    spec = state.judging.CHECKS.get(name)
+    if spec is None:
+        raise GradingError(f"no check is registered for the test cell {name!r} (course library out of date?)")
+    namespace = _user_ns()
+    if namespace is None:  # pragma: no cover - always in a kernel
+        raise GradingError("grading.judge runs in a notebook kernel")
+    core = state.judging.core
+    try:
+        spec.run(_KernelStudent(namespace, spec, core), rng(name), state.reference)
+    except core.GradingError as exc:
+        raise GradingError(str(exc)) from None
+    untampered()
 
 
 def close(actual, expected, what: str, hint: str = "", rtol: float = 1e-5, atol: float = 1e-6) -> None:
@@ -636,40 +741,18 @@ def close(actual, expected, what: str, hint: str = "", rtol: float = 1e-5, atol:
     Shapes must match exactly and every entry must be finite. ``hint`` is appended to the message.
     """
     untampered()
-    got = _to_float_array(actual, what)
-    want = _to_float_array(expected, what + " (reference)")
-    if got.shape != want.shape:
-        raise GradingError(f"{what}: expected shape {want.shape}, got shape {got.shape}. {hint}".rstrip())
-    if not _bool(_all(_isfinite(got))):
-        raise GradingError(f"{what}: the answer contains NaN or inf: {_fmt(got)}. {hint}".rstrip())
-    diff = _abs(got - want)
-    bad = diff > atol + rtol * _abs(want)
-    if _bool(_any(bad)):
-        worst = _float(diff.max())
-        raise GradingError(
-            f"{what}: expected {_fmt(want)}, got {_fmt(got)} (largest difference {worst:.3g}). {hint}".rstrip()
-        )
+    _decided(_core().close, actual, expected, what, hint=hint, rtol=rtol, atol=atol)
 
 
 def equal(actual, expected, what: str, hint: str = "") -> None:
     """Assert exact equality of numeric values (same shape, identical float64 entries)."""
     untampered()
-    got = _to_float_array(actual, what)
-    want = _to_float_array(expected, what + " (reference)")
-    if got.shape != want.shape or not _bool(_array_equal(got, want)):
-        raise GradingError(f"{what}: expected exactly {_fmt(want)}, got {_fmt(got)}. {hint}".rstrip())
+    _decided(_core().equal, actual, expected, what, hint=hint)
 
 
 def matches(actual, expected, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
     """True when ``actual`` is numerically close to ``expected`` (for diagnosing *which* mistake was made)."""
-    try:
-        got = _to_float_array(actual, "answer")
-        want = _to_float_array(expected, "reference")
-    except GradingError:
-        return False
-    if got.shape != want.shape or not _bool(_all(_isfinite(got))):
-        return False
-    return _bool(_all(_abs(got - want) <= atol + rtol * _abs(want)))
+    return _core().matches(actual, expected, rtol=rtol, atol=atol)
 
 
 def check(condition, message: str) -> None:
@@ -678,12 +761,7 @@ def check(condition, message: str) -> None:
     ``condition`` must be a real ``bool``/NumPy bool (an object with a custom ``__bool__`` is rejected).
     """
     untampered()
-    if _isinstance(condition, np.ndarray) and condition.shape == ():
-        condition = condition.item()
-    if type(condition) not in (bool, np.bool_):
-        raise GradingError(f"{message} (the check received {type(condition).__name__}, not a boolean)")
-    if not _bool(condition):
-        raise GradingError(message)
+    _decided(_core().check, condition, message)
 
 
 __all__ += ["call_raw", "matches", "tampering_report"]

@@ -64,7 +64,8 @@ RULES = {
     "points-table": "the notebook's points cell lists every graded cell with its points, and its totals "
                     "equal the metadata",
     "test-cell": "every test cell starts with a one-line comment `# <grade_id>: <what it checks>`, then one "
-                 "hidden region, then the visible checks",
+                 "hidden region holding only `grading.judge(\"<grade_id>\")` (the check lives in "
+                 "rlhf_lab.judging), then the visible checks",
     "cell-kind": "every cell is one of the course's kinds: locked text, locked given code, an answer "
                  "(solution region), a locked test, a written answer (graded markdown with a rubric) or a "
                  "free Predict cell",
@@ -287,6 +288,11 @@ def _lint_test_cell(name: str, cell) -> list[Finding]:
         problems.append("must have exactly one hidden region (### BEGIN/END HIDDEN TESTS)")
     elif len(lines) > 1 and lines[1].strip() != "### BEGIN HIDDEN TESTS":
         problems.append("the hidden region must follow the comment line directly (hidden checks decide first)")
+    else:
+        hidden = cell.source.split("### BEGIN HIDDEN TESTS\n", 1)[1].split("### END HIDDEN TESTS", 1)[0]
+        if hidden.strip() != f'grading.judge("{gid}")':
+            problems.append(f'the hidden region must be the one line grading.judge("{gid}"): write the check in '
+                            "rlhf_lab.judging and register it under this grade id")
     return [Finding(name, cid, "test-cell", p) for p in problems]
 
 

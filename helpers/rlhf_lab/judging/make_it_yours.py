@@ -1,0 +1,207 @@
+"""Checks of ``ppo_rlhf/04_make_it_yours``: the experiments, the transfer task and the challenge."""
+from __future__ import annotations
+
+import numpy as np
+
+from .core import Jax, check, close, diagnose, equal, to_float
+from .procedures import as_jax
+from .registry import check as register
+
+A, NB = "ppo_rlhf", "04_make_it_yours.ipynb"
+
+
+@register("test_clip_directions", task="signed_clip_terms", needs=("signed_clip_terms",),
+          forbid=("clipped_surrogate", "ppo_loss"), assignment=A, notebook=NB)
+def clip_directions(student, rng, ref):
+    """The worked example [2.4, -1.6], then fresh ratios of both advantage signs below, inside and above the band."""
+    named = student.call("signed_clip_terms", np.array([1.5, 0.5]), np.array([2.0, -2.0]), 0.2)
+    diagnose(named, [2.4, -1.6], lambda: {
+        "ratio clipped but the signed min was dropped (negative-advantage case wrong)": [2.4, -1.0],
+        "neither term is clipped: use min(rho*A, clip(rho, 1-eps, 1+eps)*A)": [3.0, -1.0],
+    }, "signed_clip_terms", atol=1e-6)
+    close(named, [2.4, -1.6], "terms for (1.5, 2) and (0.5, -2)", rtol=0.0, atol=1e-6)
+    eps = float(rng.uniform(0.1, 0.3))
+    ratios = np.concatenate([rng.uniform(0.3, 1 - eps - 0.02, 4), rng.uniform(1 - eps + 0.02, 1 + eps - 0.02, 4),
+                             rng.uniform(1 + eps + 0.02, 2.5, 4)])
+    advs = np.tile([1.0, -1.0], 6) * rng.uniform(0.2, 3.0, 12)
+    got = student.call("signed_clip_terms", ratios, advs, eps)
+    clipped = np.clip(ratios, 1 - eps, 1 + eps)
+    want = np.minimum(ratios * advs, clipped * advs)
+    diagnose(got, want, lambda: {
+        "ratio clipped but the signed min was dropped (negative-advantage case wrong)":
+            np.minimum(ratios, clipped) * advs,
+        "only the clipped product is used: the min with rho*A is missing": clipped * advs,
+        "the clip range ignores the epsilon argument": np.minimum(ratios * advs, np.clip(ratios, 0.8, 1.2) * advs),
+    }, "signed_clip_terms")
+    close(got, want, f"terms for fresh ratios and advantages of both signs (epsilon {eps:.3f})", rtol=1e-5, atol=1e-5)
+
+
+@register("test_score_terms", task="score_terms", needs=("score_terms",),
+          forbid=("enumerated_baseline_gradient", "exact_reward_gradient"), assignment=A, notebook=NB)
+def score_terms(student, rng, ref):
+    """Rows pi(a)(r(a) - c)(e_a - pi) for fresh logits, rewards and baselines; they sum to the exact gradient."""
+    import jax
+
+    n = 3
+    for _ in range(3):
+        logits = rng.normal(size=n).astype(np.float32)
+        rewards = rng.normal(scale=2.0, size=n).astype(np.float32)
+        c = float(rng.normal(scale=3.0))
+        got = to_float(student.call("score_terms", Jax(logits), Jax(rewards), c), "score_terms result")
+        p = np.exp(np.asarray(jax.nn.log_softmax(logits), np.float64))
+        r = rewards.astype(np.float64)
+        score = np.eye(n) - p[None, :]
+        want = (p * (r - c))[:, None] * score
+        diagnose(got, want, lambda: {
+            "the baseline c is not subtracted from the rewards": (p * r)[:, None] * score,
+            "each row must be weighted by the probability pi(a)": (r - c)[:, None] * score,
+            "rows and columns are swapped: row a holds action a's contribution": want.T,
+        }, "score_terms")
+        close(got, want, f"score terms for baseline c = {c:.3f}", rtol=1e-4, atol=1e-5)
+        close(got.sum(axis=0), ref.exact_reward_gradient(logits, rewards),
+              "sum of the score terms (the enumerated gradient)", rtol=1e-4, atol=1e-5)
+
+
+@register("test_zero_kl", task="exact_kl", needs=("zero_kl", "final_kl", "exact_kl"),
+          forbid=("categorical_kl", "regularised_objective", "ppo_loss"), assignment=A, notebook=NB)
+def zero_kl(student, rng, ref):
+    """KL at the reference is exactly 0.0, the trained policy's is 0.7824773, exact_kl matches on fresh pairs."""
+    import jax
+
+    zero, final = student.value("zero_kl"), student.value("final_kl")
+    equal(zero, 0.0, "zero_kl, the KL of the reference to itself",
+          hint="sum_a pi(a) (log pi(a) - log pi(a)) is exactly zero")
+    close(final, 0.7824773192405701, "final_kl of the trained policy (nats)", rtol=0.0, atol=1e-5)
+    check(bool(to_float(final, "final_kl") > to_float(zero, "zero_kl")),
+          "the trained policy's KL must be larger than the KL at the reference")
+    n = 3
+    for _ in range(3):
+        logp = np.asarray(jax.nn.log_softmax(rng.normal(size=n).astype(np.float32)))
+        ref_logp = np.asarray(jax.nn.log_softmax(rng.normal(size=n).astype(np.float32)))
+        equal(student.call("exact_kl", Jax(ref_logp), Jax(ref_logp)), 0.0, "exact_kl of a fresh reference against itself",
+              hint="compute it from log-probabilities so the difference is exactly zero")
+        got = student.call("exact_kl", Jax(logp), Jax(ref_logp))
+        lp, rp = logp.astype(np.float64), ref_logp.astype(np.float64)
+        want = ref.categorical_kl(logp, ref_logp)
+        diagnose(got, want, lambda: {
+            "KL direction reversed: weight by the CURRENT policy, KL(pi || pi_ref)": np.sum(np.exp(rp) * (rp - lp)),
+            "each log-ratio must be weighted by pi(a)": np.sum(lp - rp),
+        }, "exact_kl")
+        close(got, want, "exact_kl on a fresh pair", rtol=1e-5, atol=1e-6)
+
+
+def _prompts(rng) -> tuple:
+    """Fresh several-prompt batch: logits [4, 3], old_logp [4, 8], actions [4, 8], advantages [4, 8], ref [4, 3]."""
+    import jax
+
+    P, n, B = 4, 3, 8
+    logits = rng.normal(size=(P, n)).astype(np.float32)
+    ref_logp = np.asarray(jax.nn.log_softmax(rng.normal(size=(P, n)).astype(np.float32), axis=-1))
+    actions = rng.integers(0, n, size=(P, B))
+    old = np.asarray(np.take_along_axis(np.asarray(jax.nn.log_softmax(logits, axis=-1)), actions, axis=1)
+                     - np.log(rng.uniform(0.4, 1.8, size=(P, B))).astype(np.float32))
+    adv = rng.normal(size=(P, B)).astype(np.float32)
+    return logits, old, actions, adv, ref_logp
+
+
+@register("test_transfer_value", task="multi_prompt_ppo_loss", needs=("multi_prompt_ppo_loss",),
+          forbid=("ppo_loss",), assignment=A, notebook=NB)
+def transfer_value(student, rng, ref):
+    """Loss and gradient on fresh prompts equal the single-prompt reference loss averaged over prompts."""
+    import jax
+    import jax.numpy as jnp
+
+    logits, old, actions, adv, ref_logp = _prompts(rng)
+    beta, eps = float(rng.uniform(0.1, 0.6)), float(rng.uniform(0.1, 0.3))
+    args = (logits, old, actions, adv, ref_logp, beta, eps)
+    per_prompt = jax.vmap(ref.ppo_loss, in_axes=(0, 0, 0, 0, 0, None, None))
+    want, want_grad = jax.jit(jax.value_and_grad(
+        lambda z: jnp.mean(per_prompt(z, old, actions, adv, ref_logp, beta, eps))))(logits)
+    got = student.call("multi_prompt_ppo_loss", *as_jax(args))
+
+    def wrong_losses():
+        kls = np.asarray(ref.categorical_kl(jax.nn.log_softmax(logits, axis=-1), ref_logp), np.float64)
+        return {
+            "the KL is summed over prompts: average it over prompts": float(want) + beta * (kls.sum() - kls.mean()),
+            "the KL penalty is missing": float(want) - beta * kls.mean(),
+        }
+
+    diagnose(got, want, wrong_losses, "multi_prompt_ppo_loss")
+    close(got, want, "several-prompt loss on fresh prompts", rtol=1e-4, atol=1e-5,
+          hint="gather logp[p, actions[p, i]] per prompt, average the signed clipped terms over all "
+               "samples and the exact KL over prompts")
+    close(student.grad("multi_prompt_ppo_loss", 0, *as_jax(args)), want_grad, "gradient w.r.t. logits",
+          rtol=1e-4, atol=1e-5)
+
+
+@register("test_transfer_detached", task="multi_prompt_ppo_loss", needs=("multi_prompt_ppo_loss",),
+          forbid=("ppo_loss",), assignment=A, notebook=NB)
+def transfer_detached(student, rng, ref):
+    """Gradients of the several-prompt loss w.r.t. old_logp and advantages are exactly zero."""
+    logits, old, actions, adv, ref_logp = _prompts(rng)
+    args = (logits, old, actions, adv, ref_logp, float(rng.uniform(0.1, 0.6)), float(rng.uniform(0.1, 0.3)))
+    grads = student.grad("multi_prompt_ppo_loss", (1, 3), *as_jax(args))
+    grad_old, grad_adv = grads if isinstance(grads, (tuple, list)) and len(grads) == 2 else (grads, grads)
+    equal(grad_adv, np.zeros(adv.shape), "gradient w.r.t. advantages",
+          hint="gradient flows into advantages: wrap them in stop_gradient")
+    equal(grad_old, np.zeros(old.shape), "gradient w.r.t. old_logp",
+          hint="gradient flows into old_logp: wrap the behaviour log probs in stop_gradient")
+
+
+OPTIMUM_FORBID = ("optimal_logp", "regularised_objective")
+
+
+@register("test_optimum_log_space", task="analytic_optimum", needs=("analytic_optimum",), forbid=OPTIMUM_FORBID,
+          assignment=A, notebook=NB)
+def optimum_log_space(student, rng, ref):
+    """log_softmax(ref_logp + r / beta) on fresh inputs, including beta = 1e-3 where exp(r / beta) overflows."""
+    import jax
+
+    n = 3
+    for beta in (float(rng.uniform(0.1, 1.0)), 1e-3):
+        ref_logp = np.asarray(jax.nn.log_softmax(rng.normal(size=n).astype(np.float32)))
+        r = rng.normal(scale=1.5, size=n)
+        r[int(rng.integers(0, n))] = 3.0  # r / beta = 3000 when beta = 1e-3: exp overflows even in float64
+        r = r.astype(np.float32)
+        got = to_float(student.call("analytic_optimum", Jax(ref_logp), Jax(r), beta), "analytic_optimum result")
+        check(bool(np.all(np.isfinite(got))),
+              f"analytic_optimum returned NaN or inf for beta = {beta:g}: exp(r / beta) overflows "
+              "(or a probability underflows to log 0); compute it in log space, "
+              "log_softmax(ref_logp + rewards / beta)")
+        want = ref.optimal_logp(ref_logp, r, beta)
+        diagnose(got, want, lambda: {
+            "return log-probabilities, not probabilities": np.exp(np.asarray(want, np.float64)),
+            "the rewards must be divided by beta": jax.nn.log_softmax(ref_logp + r),
+            "the reference is missing: pi* is proportional to pi_ref(a) exp(r(a) / beta)": jax.nn.log_softmax(r / beta),
+        }, "analytic_optimum")
+        close(got, want, f"optimum log-probabilities for beta = {beta:g}", rtol=1e-4, atol=1e-4)
+
+
+@register("test_optimum_bound", task="regularised_objective",
+          needs=("objective_reference", "objective_trained", "objective_optimum", "regularised_objective",
+                 "analytic_optimum"), forbid=OPTIMUM_FORBID, assignment=A, notebook=NB)
+def optimum_bound(student, rng, ref):
+    """The lesson's three objectives; on fresh inputs the optimum's objective is >= every other policy's."""
+    import jax
+
+    values = [student.value(n) for n in ("objective_reference", "objective_trained", "objective_optimum")]
+    close(values, [0.28191882371902466, 1.7620493173599243, 1.7987911701202393],
+          "regularised objective of reference / trained / optimum", rtol=0.0, atol=1e-5)
+    n = 3
+    for beta in (float(rng.uniform(0.1, 1.0)), 1e-3):
+        ref_logp = np.asarray(jax.nn.log_softmax(rng.normal(size=n).astype(np.float32)))
+        r = rng.normal(scale=1.5, size=n).astype(np.float32)
+        policies = [ref_logp] + [np.asarray(jax.nn.log_softmax(rng.normal(scale=2.0, size=n).astype(np.float32)))
+                                 for _ in range(5)]
+        for logp in policies:
+            close(student.call("regularised_objective", Jax(logp), Jax(r), Jax(ref_logp), beta),
+                  ref.regularised_objective(logp, r, ref_logp, beta),
+                  f"regularised objective of a fresh policy (beta = {beta:g})", rtol=1e-4, atol=1e-5,
+                  hint="J = sum_a pi(a) r(a) - beta * sum_a pi(a) (log pi(a) - log pi_ref(a))")
+        optimum = to_float(student.call("analytic_optimum", Jax(ref_logp), Jax(r), beta), "analytic_optimum result")
+        check(bool(np.all(np.isfinite(optimum))), f"analytic_optimum is not finite for beta = {beta:g}: compute it in log space")
+        best = float(ref.regularised_objective(optimum.astype(np.float32), r, ref_logp, beta))
+        for k, logp in enumerate(policies):
+            other = float(ref.regularised_objective(logp, r, ref_logp, beta))
+            check(best >= other - 1e-4, f"the optimum's objective {best:.6f} is below policy {k}'s {other:.6f} "
+                                        f"(beta = {beta:g}): the optimum is not the maximiser")

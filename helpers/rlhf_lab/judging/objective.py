@@ -1,0 +1,308 @@
+"""Checks of the assignment ``ppo_objective`` (the PyTorch module's clipped objective and KL penalty, in JAX)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .core import Jax, Source, check, close, equal, matches, to_float
+from .registry import check as register
+
+A = "ppo_objective"
+NB1, NB2 = "01_clipped_objective.ipynb", "02_kl_penalty_and_review.ipynb"
+
+#: The grader's own surrogate (NumPy, float32), handed to the table and the sweep so that a
+#: mistake in Task 1 is not charged again there.
+TRUSTED_SURROGATE = Source('''
+def trusted_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+    ratio = np.asarray(ratio, np.float32)
+    advantage = np.asarray(advantage, np.float32)
+    unclipped = ratio * advantage
+    if not clip:
+        return unclipped
+    return np.minimum(unclipped, np.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
+''', "trusted_surrogate")
+
+#: The grader's own penalised reward, handed to the beta sweep.
+TRUSTED_PENALIZE = Source('''
+def trusted_penalize(reward, beta, kl):
+    return np.float32(reward) - np.asarray(beta, np.float32) * np.float32(kl)
+''', "trusted_penalize")
+
+CASE_R = np.array([1.8, 1.05, 1.8, 0.3, 0.3], np.float32)
+CASE_A = np.array([1.0, 1.0, -1.0, -1.0, 1.0], np.float32)
+FIVE_UNCLIPPED = [1.8, 1.05, -1.8, -0.3, 0.3]
+FIVE_CLIPPED = [1.2, 1.05, -1.8, -0.8, 0.3]
+
+
+def surrogate_np(ratio, advantage, epsilon=0.2, clip=True):
+    """``min(rho A, clip(rho, 1 - eps, 1 + eps) A)`` (or ``rho A`` with ``clip=False``) in float32 NumPy."""
+    return TRUSTED_SURROGATE.build()(ratio, advantage, epsilon, clip)
+
+
+# ------------------------------------------------------------------------------------------------
+# 01: the clipped surrogate
+
+
+@register("test_ppo_surrogate", task="ppo_surrogate", needs=("ppo_surrogate",), forbid=("clipped_surrogate",),
+          assignment=A, notebook=NB1)
+def ppo_surrogate(student, rng, ref):
+    """Probe blocks below, inside and above the band for both signs of A, with a fresh epsilon."""
+    eps = float(rng.choice([rng.uniform(0.08, 0.16), rng.uniform(0.25, 0.4)]))
+    n = 16  # every probe block has this size, so JAX compiles each operation only once
+    a_pos = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    a_neg = -rng.uniform(0.5, 2.0, n).astype(np.float32)
+    r_hi = (1 + eps + rng.uniform(0.1, 1.0, n)).astype(np.float32)
+    r_lo = ((1 - eps) * rng.uniform(0.1, 0.85, n)).astype(np.float32)
+    r_in = (1 + eps * rng.uniform(-0.9, 0.9, n)).astype(np.float32)
+    keys = ("hi+", "lo+", "hi-", "lo-", "in+", "in-")
+    R = np.concatenate([r_hi, r_lo, r_hi, r_lo, r_in, r_in])
+    Adv = np.concatenate([a_pos, a_pos, a_neg, a_neg, a_pos, a_neg])
+
+    def block(x, k):
+        return np.asarray(x)[keys.index(k) * n:(keys.index(k) + 1) * n]
+
+    cands = {"unc": R * Adv, "top": np.float32(1 + eps) * Adv, "bot": np.float32(1 - eps) * Adv}
+    r = rng.uniform(0.05, 2.5, 6 * n).astype(np.float32)
+    a = rng.normal(0.0, 1.5, 6 * n).astype(np.float32)
+    want = ref.clipped_surrogate(r, a, eps)
+    want_scalar = np.minimum(r * -1.5, np.clip(r, 1 - eps, 1 + eps) * -1.5)
+
+    close(student.call("ppo_surrogate", R, Adv, epsilon=eps, clip=False), cands["unc"],
+          "ppo_surrogate(..., clip=False)",
+          hint="With clip=False the function must return the plain product ratio * advantage.")
+    got = to_float(student.call("ppo_surrogate", R, Adv, epsilon=eps), "ppo_surrogate result")
+
+    def is_(k, c):
+        return matches(block(got, k), block(cands[c], k))
+
+    bounds = f"[1 - epsilon, 1 + epsilon] = [{1 - eps:.4f}, {1 + eps:.4f}] (epsilon={eps:.4f} here)"
+    diag = ""
+    if got.shape != R.shape:
+        diag = f"expected one value per ratio ({R.shape}), got shape {got.shape}."
+    elif is_("hi+", "unc") and is_("lo+", "unc") and is_("hi-", "unc") and is_("lo-", "unc"):
+        diag = ("The ratio is never clipped: with clip=True the objective must stop growing once "
+                "ratio > 1 + epsilon for a positive advantage.")
+    elif is_("hi+", "unc") and is_("lo+", "bot"):
+        diag = ("Used max instead of min: PPO keeps the SMALLER (pessimistic) of ratio*A and "
+                "clip(ratio)*A; with max a good action's ratio is rewarded without limit.")
+    elif is_("lo+", "bot") and is_("hi-", "top"):
+        diag = ("Clipped the ratio but dropped the signed min: returning clip(ratio)*A alone softens "
+                "the penalty for a bad action whose ratio grew (ratio 1.8, A=-1 must give -1.8, not "
+                "-1.2). Return min(ratio*A, clip(ratio)*A).")
+    elif is_("hi-", "top") and is_("lo-", "unc"):
+        diag = ("Ratio clipped but the sign of A was dropped: the min must compare the two PRODUCTS "
+                "ratio*A and clip(ratio)*A, not the ratios before multiplying by A (for A < 0 the "
+                "order flips).")
+    elif not (is_("hi+", "top") or is_("hi+", "unc")) or not (is_("lo-", "bot") or is_("lo-", "unc")):
+        diag = ("Clip bounds wrong (epsilon not applied symmetrically): the ratio must be clipped to "
+                + bounds + ", using the epsilon argument.")
+    elif not (is_("in+", "unc") and is_("in-", "unc")):
+        diag = "Inside the trust region the objective must equal ratio * advantage exactly."
+    check(diag == "", "ppo_surrogate: " + diag)
+    close(student.call("ppo_surrogate", CASE_R, CASE_A), FIVE_CLIPPED,
+          "ppo_surrogate on the five cases (default epsilon=0.2)")
+    close(student.call("ppo_surrogate", r, a, epsilon=eps), want, f"ppo_surrogate on fresh random inputs (epsilon={eps:.4f})")
+    close(student.call("ppo_surrogate", r, -1.5, epsilon=eps), want_scalar,
+          "ppo_surrogate with a scalar advantage and an array of ratios")
+
+
+@register("test_surrogate_table", task="surrogate_table", needs=("surrogate_table",), forbid=("clipped_surrogate",),
+          assignment=A, notebook=NB1)
+def surrogate_table(student, rng, ref):
+    """Fresh cases (clipped for sure, and three float32 edge cases that must not diverge) and the five cases."""
+    eps = float(rng.uniform(0.1, 0.35))
+    n = 16
+    r = rng.uniform(0.2, 2.2, 8 * n)
+    r = r[np.abs(np.abs(r - 1.0) - eps) > 1e-3][:n - 3].astype(np.float32)
+    a = (rng.choice([-1.0, 1.0], n - 3) * rng.uniform(0.3, 2.0, n - 3)).astype(np.float32)
+    r[0], a[0] = 1 + eps + rng.uniform(0.1, 1.0), rng.uniform(0.3, 2.0)       # surely clipped, A > 0
+    r[1], a[1] = (1 - eps) * rng.uniform(0.1, 0.85), -rng.uniform(0.3, 2.0)  # surely clipped, A < 0
+    # a ratio 4 float32 steps above 1 + eps (A = +1) or below 1 - eps (A = -1) does NOT diverge
+    up, down = np.float32(1 + eps), np.float32(1 - eps)
+    for _ in range(4):
+        up, down = np.nextafter(up, np.float32(2)), np.nextafter(down, np.float32(0))
+    r = np.concatenate([r, np.array([up, down, up], np.float32)])
+    a = np.concatenate([a, np.array([1.0, -1.0, -1.0], np.float32)])
+    unc = surrogate_np(r, a, eps, clip=False).astype(np.float64)
+    cl = surrogate_np(r, a, eps).astype(np.float64)
+    div = np.abs(unc - cl) > 1e-6
+    check(bool(div[0] and div[1] and not div[-3] and not div[-2]), "grader self-check (edge cases)")
+    raw = student.call("surrogate_table", r, a, epsilon=eps, surrogate=TRUSTED_SURROGATE)
+    out = to_float(raw, "surrogate_table result")
+    check(out.shape == (3, n),
+          f"surrogate_table must return (unclipped, clipped, diverge) with one entry per input "
+          f"case ({n} here), got an array of shape {out.shape}. A table copied from the "
+          f"printout does not follow fresh inputs.")
+    hint = "Compute the columns from the inputs with the surrogate argument; hard-coded values fail on fresh inputs."
+    if matches(out[0], cl) and matches(out[1], unc):
+        hint = "The columns are swapped: return (unclipped, clipped, diverge) in that order."
+    close(out[0], unc, "unclipped column on fresh inputs", hint=hint)
+    close(out[1], cl, "clipped column on fresh inputs", hint=hint)
+    edge_hint = ""
+    if matches(out[2][-3:-1], [1.0, 1.0]):
+        edge_hint = ("At the edge of the clip range the two terms differ by a few 1e-7 (float32 "
+                     "rounding, not a clip): use |unclipped - clipped| > DIVERGE_TOL, not an exact comparison.")
+    equal(out[2], div, "diverge column on fresh inputs (1 = True)",
+          hint=edge_hint or "diverge is |unclipped - clipped| > DIVERGE_TOL = 1e-6.")
+    five = to_float(student.call("surrogate_table", CASE_R, CASE_A, surrogate=TRUSTED_SURROGATE),
+                    "surrogate_table result")
+    check(five.shape == (3, 5), f"surrogate_table of the five cases must have shape (3, 5), got {five.shape}")
+    equal(five[2], [1.0, 0.0, 0.0, 1.0, 0.0], "diverge column of the five cases (1 = True)")
+    close(five[:2], [FIVE_UNCLIPPED, FIVE_CLIPPED], "unclipped and clipped columns of the five cases")
+
+
+def boundary_expected(eps: float, adv: float, grid) -> tuple[float, float]:
+    """Trusted sweep: (the non-diverging grid ratio next to a diverging one, that diverging neighbour)."""
+    grid = np.asarray(grid, np.float32)
+    gap = np.abs(surrogate_np(grid, adv, eps, clip=False) - surrogate_np(grid, adv, eps))
+    div = gap > 1e-6
+    i = int(np.flatnonzero(div[1:] != div[:-1])[0])
+    calm, first = (i, i + 1) if not div[i] else (i + 1, i)
+    return float(grid[calm]), float(grid[first])
+
+
+@register("test_clip_boundary", task="clip_boundary", needs=("clip_boundary",), forbid=("clipped_surrogate",),
+          assignment=A, notebook=NB1)
+def clip_boundary(student, rng, ref):
+    """The default grid with fresh advantages and epsilons, and fresh grids through and beside 1 +/- epsilon."""
+    default = (0.5 + 0.05 * np.arange(31)).astype(np.float32)
+    cases = []  # (epsilon, advantage, grid or None for the default, label)
+    eps = float(rng.choice([0.05, 0.1, 0.15, 0.25, 0.3, 0.35, 0.4]))
+    cases.append((0.2, float(rng.uniform(0.5, 2.0)), None, "the default grid"))
+    cases.append((0.2, -float(rng.uniform(0.5, 2.0)), None, "the default grid"))
+    cases.append((eps, float(rng.choice([-1, 1]) * rng.uniform(0.5, 2.0)), None, "the default grid"))
+    eps = float(rng.uniform(0.05, 0.45))
+    for adv in (1.0, -1.0):
+        b = 1 + eps if adv > 0 else 1 - eps
+        step = float(rng.uniform(0.01, 0.03))
+        k = int(rng.integers(3, 13))  # index of 1 +/- epsilon on the grid
+        grid = (b + step * (np.arange(16) - k)).astype(np.float32)
+        sign = "+" if adv > 0 else "-"
+        cases.append((eps, adv * float(rng.uniform(0.5, 3.0)), grid, f"a fresh grid (step {step:.4f}) through 1{sign}epsilon"))
+        off = float(rng.uniform(0.25, 0.75))
+        grid = (b + step * (np.arange(16) - k - off)).astype(np.float32)
+        cases.append((eps, adv * float(rng.uniform(0.5, 3.0)), grid,
+                      f"a fresh grid (step {step:.4f}) that does not contain 1{sign}epsilon"))
+    for eps_c, adv_c, grid_c, label in cases:
+        want, first_div = boundary_expected(eps_c, adv_c, default if grid_c is None else grid_c)
+        kw = {"surrogate": TRUSTED_SURROGATE}
+        if grid_c is not None:
+            kw["ratios"] = grid_c
+        got = student.call("clip_boundary", eps_c, adv_c, **kw)
+        hint = ""
+        if matches(got, first_div):
+            hint = ("You returned the first DIVERGING ratio; the boundary is the non-diverging grid "
+                    "ratio next to it (at the boundary both terms are equal).")
+        elif adv_c < 0 and matches(got, 1 + eps_c, atol=1e-4):
+            hint = ("For a negative advantage the clip binds BELOW 1 - epsilon: the diverging region "
+                    "is the low ratios, so the boundary is near 1 - epsilon.")
+        elif matches(got, (1 + eps_c) if adv_c > 0 else (1 - eps_c)):
+            hint = "That is the formula value, but this grid does not contain it: return the grid ratio found by the sweep."
+        close(got, want, f"clip_boundary(epsilon={eps_c:.4f}, advantage={adv_c:+.3f}) on {label}", hint=hint, atol=1e-6)
+
+
+@register("test_capped_pair", task="Exercise 3", needs=("capped_ratio", "capped_advantage"), assignment=A,
+          notebook=NB1)
+def capped_pair(student, rng, ref):
+    """A good action (A > 0) whose ratio is above 1 + epsilon, so the clip lowers its objective."""
+    try:
+        values = np.array([student.value("capped_ratio"), student.value("capped_advantage")],
+                          dtype=np.float64).reshape(2)
+    except Exception:  # noqa: BLE001 - anything that is not two numbers
+        values = None
+    check(values is not None, "Exercise 3: capped_ratio and capped_advantage must each be one number.")
+    check(bool(np.all(np.isfinite(values))), "Exercise 3: the pair must be finite numbers.")
+    r, a = float(values[0]), float(values[1])
+    check(a > 0, f"Exercise 3 asks for a GOOD action: the advantage must be positive (got {a}).")
+    check(r > 1.2, f"Exercise 3: the ratio must lie above 1 + epsilon = 1.2 so the clip can bind (got {r}).")
+    c = float(np.asarray(ref.clipped_surrogate(np.float32(r), np.float32(a), 0.2), np.float64))
+    check(c < r * a - 1e-6, f"Exercise 3: the clipped objective ({c:.6f}) must be strictly smaller than the "
+                            f"unclipped one ({r * a:.6f}).")
+
+
+# ------------------------------------------------------------------------------------------------
+# 02: the KL penalty
+
+
+@register("test_kl_divergence", task="kl_divergence", needs=("kl_divergence",), forbid=("categorical_kl",),
+          assignment=A, notebook=NB2)
+def kl_divergence(student, rng, ref):
+    """Fresh logits (direction, normalisation, KL(p||p) = 0) and probabilities of about exp(-150) (log space)."""
+    import jax
+
+    def fwd(p, q):
+        return ref.categorical_kl(jax.nn.log_softmax(p), jax.nn.log_softmax(q))
+
+    rev_msg = ("KL direction reversed: measure KL(policy || reference), weighted by the policy's "
+               "probabilities (logits_p), not KL(reference || policy).")
+    n = 6  # one shape for every call, so JAX compiles each operation once
+    for _ in range(3):
+        p = rng.normal(0.0, 1.5, n).astype(np.float32)
+        q = rng.normal(0.0, 1.5, n).astype(np.float32)
+        want, reversed_ = fwd(p, q), fwd(q, p)
+        unnormalised = np.sum(np.exp(p.astype(np.float64)) * (p - q))
+        got = student.call("kl_divergence", Jax(p), Jax(q))
+        check(not (matches(got, reversed_, rtol=1e-4) and not matches(got, want, rtol=1e-4)), rev_msg)
+        hint = ""
+        if matches(got, unnormalised, rtol=1e-4):
+            hint = "The logits were used as log-probabilities: normalise them with jax.nn.log_softmax first."
+        close(got, want, "kl_divergence on fresh random logits", hint=hint, rtol=1e-4, atol=1e-6)
+        equal(student.call("kl_divergence", Jax(p), Jax(p)), 0.0, "KL of a distribution with itself",
+              hint="log p - log p must cancel exactly; compute both sides the same way.")
+    p = rng.normal(0.0, 1.0, n)
+    q = rng.normal(0.0, 1.0, n)
+    j = int(rng.integers(0, n))
+    q_tiny = q.copy()
+    q_tiny[j] -= 150.0
+    p_tiny = p.copy()
+    p_tiny[j] -= 150.0
+    log_hint = ("Compute in log space: jax.nn.log_softmax for both arguments. jnp.log(softmax(...)) "
+                "gives log(0) = -inf for a tiny probability, and the KL becomes inf or nan.")
+    for pp, qq, where in ((p, q_tiny, "the reference"), (p_tiny, q, "the policy")):
+        pp, qq = pp.astype(np.float32), qq.astype(np.float32)
+        close(student.call("kl_divergence", Jax(pp), Jax(qq)), fwd(pp, qq),
+              f"kl_divergence when {where} gives one action a probability of about exp(-150)",
+              hint=log_hint, rtol=1e-4, atol=1e-5)
+
+
+@register("test_penalized_reward", task="penalized_reward", needs=("penalized_reward",),
+          forbid=("regularised_objective",), assignment=A, notebook=NB2)
+def penalized_reward(student, rng, ref):
+    """reward - beta * KL on fresh vectors (sign and beta diagnosed)."""
+    n = int(rng.integers(3, 9))
+    reward = rng.normal(0.5, 1.0, n)
+    kl = rng.uniform(0.0, 3.0, n)
+    beta = float(rng.uniform(0.05, 0.9))
+    want, added, no_beta = reward - beta * kl, reward + beta * kl, reward - kl
+    got = student.call("penalized_reward", Jax(reward.astype(np.float32)), beta, Jax(kl.astype(np.float32)))
+    hint = ""
+    if matches(got, added):
+        hint = "The KL penalty is SUBTRACTED: drifting from the reference must lower the reward."
+    elif matches(got, no_beta):
+        hint = "beta was ignored: the KL must be multiplied by beta before subtracting it."
+    close(got, want, f"penalized_reward on fresh inputs (beta={beta:.4f})", hint=hint, atol=1e-5)
+
+
+@register("test_beta_sweep", task="beta_sweep", needs=("beta_sweep",), forbid=("regularised_objective",),
+          assignment=A, notebook=NB2)
+def beta_sweep(student, rng, ref):
+    """Penalised reward and consumed share for fresh beta grids (fraction, not percentage; consumed, not kept)."""
+    m = 5
+    for _ in range(3):
+        betas = np.sort(rng.uniform(0.001, 2.0, m))
+        kl = float(rng.uniform(0.01, 3.0))
+        reward = float(rng.uniform(0.5, 3.0))
+        pen = reward - betas * kl
+        share = betas * kl / reward
+        got = to_float(student.call("beta_sweep", reward, kl, betas.astype(np.float32), penalize=TRUSTED_PENALIZE),
+                       "beta_sweep result")
+        check(got.shape == (2, m), f"beta_sweep must return (penalised, share), each with one entry per beta "
+                                   f"({m} here); got an array of shape {got.shape}.")
+        what = f"beta_sweep(reward={reward:.4f}, kl={kl:.4f}, {m} fresh betas)"
+        close(got[0], pen, what + ": penalised rewards", atol=1e-5)
+        hint = ""
+        if matches(got[1], 100 * share, rtol=1e-4):
+            hint = "Return the share as a fraction (0.198), not a percentage (19.8)."
+        elif matches(got[1], pen / reward, rtol=1e-4):
+            hint = "That is the share KEPT; the share CONSUMED is beta * kl / reward."
+        close(got[1], share, what + ": share of the raw reward consumed", hint=hint, rtol=1e-4, atol=1e-6)
+

@@ -1,0 +1,163 @@
+"""Checks of ``ppo_rlhf/03_rollouts``: one rollout update, the loop, and the recorded run."""
+from __future__ import annotations
+
+import numpy as np
+
+from .core import Jax, Source, check, close, equal, field, matches, to_float
+from .procedures import LOOP_FORBID, check_update, fresh_update_inputs, trusted_run
+from .registry import check as register
+
+A, NB = "ppo_rlhf", "03_rollouts.ipynb"
+
+#: The recorded run of the lesson (40 rollouts of 128 samples, 3 epochs, beta = epsilon = 0.2).
+RECORDED = {"initial_reward": 0.28191882371902466, "final_reward": 1.9185447692871094,
+            "final_kl": 0.7824773192405701}
+
+#: On the student's side: one rollout update, then the inputs as they are afterwards.
+ROLLOUT_AND_INPUTS = Source('''
+def rollout_and_inputs(logits, draw_key, rewards, ref_logp, rollout_update, **hyper):
+    new_logits = rollout_update(jnp.asarray(logits), draw_key, rewards, ref_logp, **hyper)
+    return {"new_logits": new_logits, "rewards": np.array(rewards, copy=True),
+            "ref_logp": np.array(ref_logp, copy=True)}
+''', "rollout_and_inputs")
+
+
+def _rollout(student, inputs, hyper) -> dict:
+    out = student.scenario(ROLLOUT_AND_INPUTS, ("rollout_update",), *inputs, **hyper)
+    check(isinstance(out, dict) and "new_logits" in out, "rollout_update: the grader's procedure returned "
+                                                         "something unexpected")
+    return out
+
+
+@register("test_rollout_update_fresh", task="rollout_update", needs=("rollout_update",), forbid=LOOP_FORBID,
+          assignment=A, notebook=NB)
+def rollout_update_fresh(student, rng, ref):
+    """Fresh logits, rewards, reference and key, 3 inner steps: the trusted procedure, every mistake named."""
+    inputs, hyper = fresh_update_inputs(rng, epochs=3)
+    out = _rollout(student, inputs, hyper)
+    equal(out["ref_logp"], inputs[3], "ref_logp after rollout_update", hint="the reference must never change")
+    equal(out["rewards"], inputs[2], "rewards after rollout_update", hint="the reward is frozen")
+    check_update(ref, out["new_logits"], inputs, hyper, ["recompute_old", "kl_to_old", "no_baseline",
+                                                         "batch_mean_baseline", "recompute_advantages",
+                                                         "sample_reference", "one_step"])
+
+
+@register("test_old_logp_frozen", task="rollout_update", needs=("rollout_update",), forbid=LOOP_FORBID,
+          assignment=A, notebook=NB)
+def old_logp_frozen(student, rng, ref):
+    """Start at the reference (old policy = reference), 3 inner steps: only the inner-loop freezing matters."""
+    inputs, hyper = fresh_update_inputs(rng, epochs=3, start_at_reference=True)
+    out = _rollout(student, inputs, hyper)
+    check_update(ref, out["new_logits"], inputs, hyper, ["recompute_old", "recompute_advantages", "one_step"])
+
+
+@register("test_kl_against_reference", task="rollout_update", needs=("rollout_update",), forbid=LOOP_FORBID,
+          assignment=A, notebook=NB)
+def kl_against_reference(student, rng, ref):
+    """One inner step (frozen and recomputed old log-probs agree), a reference far away: only the KL anchor matters."""
+    inputs, hyper = fresh_update_inputs(rng, epochs=1, beta_range=(0.5, 1.0))
+    out = _rollout(student, inputs, hyper)
+    equal(out["ref_logp"], inputs[3], "ref_logp after rollout_update", hint="the reference must never change")
+    check_update(ref, out["new_logits"], inputs, hyper, ["kl_to_old", "no_baseline", "batch_mean_baseline",
+                                                         "sample_reference"])
+
+
+#: On the student's side: run the loop with an update that records what it is given and returns stand-ins.
+LOOP_WITH_RECORDER = Source('''
+def loop_with_recorder(rewards, init_logits, stand_ins, run_ppo, **options):
+    calls = []
+
+    def recording_update(logits, draw_key, rewards, ref_logp, **kwargs):
+        typed = jnp.issubdtype(getattr(draw_key, "dtype", np.uint32), jax.dtypes.prng_key)
+        calls.append({"logits": np.asarray(logits), "rewards": np.asarray(rewards),
+                      "ref_logp": np.asarray(ref_logp),
+                      "key": np.asarray(jax.random.key_data(draw_key) if typed else draw_key),
+                      "kwargs": dict(kwargs)})
+        return jnp.asarray(stand_ins[min(len(calls), len(stand_ins)) - 1])
+
+    out = run_ppo(rewards, init_logits, update=recording_update, **options)
+    return {"out": out, "calls": calls}
+''', "loop_with_recorder")
+
+
+@register("test_loop", task="run_ppo", needs=("run_ppo",), forbid=LOOP_FORBID, assignment=A, notebook=NB)
+def loop(student, rng, ref):
+    """run_ppo with a recording update: logits fed forward, one fresh subkey per rollout, the fixed
+    reference, the hyperparameters passed on, and exact reward / KL / probabilities recorded."""
+    import jax
+    import jax.numpy as jnp
+
+    n, T = 3, 4
+    init = rng.normal(size=n).astype(np.float32)
+    rewards = rng.normal(scale=1.5, size=n).astype(np.float32)
+    seed = int(rng.integers(0, 2**31 - 1))
+    hyper = dict(batch_size=int(rng.integers(8, 33)), epochs=int(rng.integers(1, 4)),  # only passed on
+                 beta=float(rng.uniform(0.1, 0.4)), epsilon=float(rng.uniform(0.1, 0.3)),
+                 learning_rate=float(rng.uniform(0.05, 0.3)))
+    ref_logp = np.asarray(jax.nn.log_softmax(jnp.asarray(init)))
+    # the plan: the logits and key each rollout should receive, and a stand-in result for each
+    key, plan, current = jax.random.key(seed), [], init
+    for _ in range(T):
+        key, draw = jax.random.split(key)
+        following = (current + rng.normal(scale=0.5, size=n)).astype(np.float32)
+        plan.append((current, np.asarray(jax.random.key_data(draw)), following))
+        current = following
+    got = student.scenario(LOOP_WITH_RECORDER, ("run_ppo",), rewards, init, [p[2] for p in plan],
+                           iterations=T, seed=seed, **hyper)
+    out, calls = got["out"], got["calls"]
+    check(len(calls) == T, f"run_ppo must call update once per rollout: {T} rollouts, {len(calls)} calls")
+    for k, call in enumerate(calls):
+        close(call["logits"], plan[k][0], f"logits passed to update on rollout {k}", rtol=1e-6, atol=1e-6,
+              hint="start from init_logits and feed each rollout's result into the next")
+        if not matches(call["ref_logp"], ref_logp, rtol=1e-6, atol=1e-6):
+            check(not matches(call["ref_logp"], np.asarray(jax.nn.log_softmax(plan[k][0])), rtol=1e-6, atol=1e-6),
+                  "run_ppo: KL measured against the old policy, not the reference: the reference "
+                  "must stay log_softmax(init_logits) for the whole run")
+        close(call["ref_logp"], ref_logp, f"ref_logp passed to update on rollout {k}", rtol=1e-6, atol=1e-6,
+              hint="the reference is log_softmax(init_logits), computed once and never refreshed")
+        close(call["rewards"], rewards, f"rewards passed to update on rollout {k}")
+        equal(call["key"], plan[k][1], f"sampling key passed to update on rollout {k}",
+              hint="start from jax.random.key(seed) and split once per rollout: key, draw = jax.random.split(key); "
+                   "pass draw")
+        for name, value in hyper.items():
+            passed = call["kwargs"].get(name)
+            check(name in call["kwargs"] and matches(passed, value, rtol=1e-6, atol=0.0),
+                  f"run_ppo must pass {name}={value} to update (got {passed!r})")
+    logps = [jax.nn.log_softmax(jnp.asarray(p[2])) for p in plan]
+    close(field(out, "reward", "run_ppo"), [ref.expected_reward(lp, rewards) for lp in logps],
+          "exact expected reward after each rollout", rtol=1e-5, atol=1e-6,
+          hint="record sum_a pi(a) r(a) of the policy returned by each rollout")
+    close(field(out, "kl", "run_ppo"), [ref.categorical_kl(lp, ref_logp) for lp in logps],
+          "exact KL after each rollout", rtol=1e-5, atol=1e-6, hint="record KL(pi || pi_ref) of each rollout's result")
+    close(field(out, "probs", "run_ppo"), [np.exp(np.asarray(lp)) for lp in logps],
+          "action probabilities after each rollout", rtol=1e-5, atol=1e-6)
+    close(field(out, "final_logits", "run_ppo"), plan[-1][2], "final logits", rtol=1e-6, atol=1e-6)
+    close(field(out, "ref_logp", "run_ppo"), ref_logp, "ref_logp returned by run_ppo", rtol=1e-6, atol=1e-6)
+    close(field(out, "initial_reward", "run_ppo"), ref.expected_reward(ref_logp, rewards),
+          "initial_reward (expected reward of the reference)", rtol=1e-5, atol=1e-6)
+
+
+@register("test_recorded_numbers", task="run_ppo", needs=("run", "run_ppo"), forbid=LOOP_FORBID,
+          assignment=A, notebook=NB)
+def recorded_numbers(student, rng, ref):
+    """The notebook's run reproduces the recorded numbers, and a fresh short run of the pipeline matches."""
+    run = student.value("run")
+    close(field(run, "initial_reward", "run"), RECORDED["initial_reward"], "initial expected reward",
+          rtol=0.0, atol=1e-5)
+    close(to_float(field(run, "reward", "run"), "run['reward']")[-1], RECORDED["final_reward"],
+          "final expected reward", rtol=0.0, atol=1e-5)
+    close(to_float(field(run, "kl", "run"), "run['kl']")[-1], RECORDED["final_kl"],
+          "final KL to the reference (nats)", rtol=0.0, atol=1e-5)
+    n = 3
+    init = rng.normal(size=n).astype(np.float32)
+    rewards = rng.normal(scale=1.5, size=n).astype(np.float32)
+    hyper = dict(batch_size=32, epochs=2, beta=float(rng.uniform(0.1, 0.4)),
+                 epsilon=float(rng.uniform(0.1, 0.3)), learning_rate=float(rng.uniform(0.1, 0.5)))
+    seed = int(rng.integers(0, 2**31 - 1))
+    out = student.call("run_ppo", Jax(rewards), init, iterations=3, seed=seed, **hyper)
+    want_reward, want_kl, want_logits = trusted_run(ref, rewards, init, iterations=3, seed=seed, **hyper)
+    close(field(out, "reward", "run_ppo"), want_reward, "expected reward per rollout on a fresh short run",
+          rtol=1e-4, atol=1e-5, hint="compute the run; do not return recorded numbers")
+    close(field(out, "kl", "run_ppo"), want_kl, "KL per rollout on a fresh short run", rtol=1e-4, atol=1e-5)
+    close(field(out, "final_logits", "run_ppo"), want_logits, "final logits on a fresh short run",
+          rtol=1e-4, atol=1e-5)

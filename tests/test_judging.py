@@ -1,0 +1,324 @@
+"""The hidden tests as library code (``rlhf_lab.judging``), checked outside any notebook.
+
+* Every graded test cell of ``source/`` has exactly one registered check, and its hidden region is
+  the one line that runs it.
+* Each check passes a correct implementation (written here from the formulas, or the library's
+  reference where the task is "reimplement the reference") and fails the classic mistakes with the
+  message that names them, for both signs of the advantage where the sign matters.
+* Plain data: what a check may receive from a student's code is numbers, arrays, bools, and
+  tuples/lists/dicts of them; objects with their own comparison methods are refused.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_lab import ppo, reward
+from rlhf_lab.judging import CHECKS, core, procedures
+from rlhf_lab.judging.core import GradingError, Jax, Key, LocalStudent, Source
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = core.library_reference()
+
+
+def _run(name, namespace, seed=0):
+    CHECKS[name].run(LocalStudent(namespace), np.random.default_rng(seed), REF)
+
+
+def _fails(name, namespace, message, seed=0):
+    with pytest.raises(GradingError) as err:
+        _run(name, namespace, seed)
+    assert message in str(err.value), str(err.value)
+    return str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# correct implementations, from the formulas
+
+
+def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+    ratio, advantage = jnp.asarray(ratio), jnp.asarray(advantage)
+    if not clip:
+        return ratio * advantage
+    return jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)
+
+
+def surrogate_table(ratios, advantages, epsilon=0.2, surrogate=ppo_surrogate):
+    unclipped = surrogate(ratios, advantages, epsilon, clip=False)
+    clipped = surrogate(ratios, advantages, epsilon, clip=True)
+    return unclipped, clipped, jnp.abs(jnp.asarray(unclipped) - jnp.asarray(clipped)) > 1e-6
+
+
+def clip_boundary(epsilon, advantage, ratios=0.5 + 0.05 * np.arange(31), surrogate=ppo_surrogate):
+    ratios = np.asarray(ratios, np.float32)
+    div = np.abs(np.asarray(surrogate(ratios, advantage, epsilon, clip=False))
+                 - np.asarray(surrogate(ratios, advantage, epsilon))) > 1e-6
+    i = int(np.flatnonzero(div[1:] != div[:-1])[0])
+    return float(ratios[i] if not div[i] else ratios[i + 1])
+
+
+def kl_divergence(logits_p, logits_q):
+    lp, lq = jax.nn.log_softmax(logits_p), jax.nn.log_softmax(logits_q)
+    return jnp.sum(jnp.exp(lp) * (lp - lq))
+
+
+def beta_sweep(reward_, kl, betas, penalize):
+    penalised = penalize(reward_, betas, kl)
+    return penalised, np.asarray(betas) * kl / reward_
+
+
+def fit_reward_model(features, chosen_idx, rejected_idx, steps=100, learning_rate=0.1):
+    fit = reward.fit_reward(features, chosen_idx, rejected_idx, steps=steps, learning_rate=learning_rate)
+    return fit.weights, fit.rewards
+
+
+def rollout_update(logits, draw_key, rewards, ref_logp, **hyper):
+    return procedures.trusted_update(REF, logits, draw_key, rewards, ref_logp, **hyper)
+
+
+def run_ppo(rewards, init_logits, *, iterations=40, batch_size=128, epochs=3, beta=0.2, epsilon=0.2,
+            learning_rate=0.15, seed=11, update=rollout_update):
+    logits = jnp.asarray(init_logits, jnp.float32)
+    ref_logp = jax.nn.log_softmax(logits)
+    key = jax.random.key(seed)
+    hist = {"reward": [], "kl": [], "probs": []}
+    for _ in range(iterations):
+        key, draw = jax.random.split(key)
+        logits = update(logits, draw, rewards, ref_logp, batch_size=batch_size, epochs=epochs, beta=beta,
+                        epsilon=epsilon, learning_rate=learning_rate)
+        logp = jax.nn.log_softmax(logits)
+        hist["reward"].append(float(ppo.expected_reward(logp, rewards)))
+        hist["kl"].append(float(ppo.categorical_kl(logp, ref_logp)))
+        hist["probs"].append(np.exp(np.asarray(logp)))
+    return {"reward": np.array(hist["reward"]), "kl": np.array(hist["kl"]), "probs": np.stack(hist["probs"]),
+            "final_logits": np.asarray(logits), "ref_logp": np.asarray(ref_logp),
+            "initial_reward": float(ppo.expected_reward(ref_logp, rewards))}
+
+
+def score_terms(logits, rewards, c):
+    p = jnp.exp(jax.nn.log_softmax(logits))
+    return (p * (rewards - c))[:, None] * (jnp.eye(p.shape[0]) - p[None, :])
+
+
+def multi_prompt_ppo_loss(logits, old_logp, actions, advantages, ref_logp, beta, epsilon):
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    ratio = jnp.exp(jnp.take_along_axis(logp, actions, axis=1) - jax.lax.stop_gradient(old_logp))
+    adv = jax.lax.stop_gradient(advantages)
+    terms = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * adv)
+    kl = jnp.sum(jnp.exp(logp) * (logp - ref_logp), axis=-1)
+    return -jnp.mean(terms) + beta * jnp.mean(kl)
+
+
+RECORDED_RUN = {"initial_reward": 0.28191882, "reward": np.array([1.0, 1.9185448]), "kl": np.array([0.5, 0.7824773])}
+
+CORRECT = {
+    "ppo_surrogate": ppo_surrogate, "surrogate_table": surrogate_table, "clip_boundary": clip_boundary,
+    "capped_ratio": 1.8, "capped_advantage": 1.5, "kl_divergence": kl_divergence,
+    "penalized_reward": lambda r, b, k: r - b * k, "beta_sweep": beta_sweep,
+    "preference_loss": reward.preference_loss, "ppo_loss": ppo.ppo_loss,
+    "rewards": np.array([1.9811294, 0.327278, -2.3084073]), "reward_w": None, "fit_reward_model": fit_reward_model,
+    "snapshot_reference": lambda p: np.array(jax.nn.log_softmax(jnp.asarray(p))),
+    "rollout_update": rollout_update, "run_ppo": run_ppo, "run": RECORDED_RUN,
+    "signed_clip_terms": ppo.clipped_surrogate, "score_terms": score_terms,
+    "zero_kl": 0.0, "final_kl": 0.7824773, "exact_kl": ppo.categorical_kl,
+    "multi_prompt_ppo_loss": multi_prompt_ppo_loss, "analytic_optimum": ppo.optimal_logp,
+    "regularised_objective": ppo.regularised_objective,
+    "objective_reference": 0.28191882, "objective_trained": 1.7620493, "objective_optimum": 1.7987912,
+}
+LESSON = reward.fit_reward(np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]], np.float32), np.array([0, 0, 1]),
+                           np.array([1, 2, 2]), steps=100, learning_rate=0.1)
+CORRECT["reward_w"] = np.asarray(LESSON.weights)
+
+
+def _with(**changes):
+    return {**CORRECT, **changes}
+
+
+# ------------------------------------------------------------------------------------------------
+# the registry and the notebooks
+
+
+def _test_cells():
+    for path in sorted((ROOT / "source").glob("*/*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if cell["cell_type"] == "code" and meta.get("grade") and not meta.get("solution"):
+                yield path, meta["grade_id"], "".join(cell["source"])
+
+
+def test_every_test_cell_has_one_check_and_a_one_line_hidden_region():
+    ids = []
+    for path, gid, source in _test_cells():
+        ids.append(gid)
+        hidden = source.split("### BEGIN HIDDEN TESTS\n")[1].split("### END HIDDEN TESTS")[0]
+        assert hidden == f'grading.judge("{gid}")\n', (path.name, gid, hidden)
+        spec = CHECKS[gid]
+        assert (spec.assignment, spec.notebook) == (path.parent.name, path.name), gid
+    assert sorted(ids) == sorted(CHECKS)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_check_passes_a_correct_implementation(name):
+    _run(name, CORRECT, seed=hash(name) % 1000)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_check_fails_when_what_it_needs_is_missing(name):
+    spec = CHECKS[name]
+    missing = {k: v for k, v in CORRECT.items() if k not in spec.needs}
+    with pytest.raises(GradingError):
+        _run(name, missing)
+
+
+# ------------------------------------------------------------------------------------------------
+# classic mistakes are named (both signs of the advantage where it matters)
+
+
+def test_dropped_signed_min_is_named_in_both_surrogate_checks():
+    def no_min(ratio, advantage, epsilon=0.2, clip=True):
+        ratio = jnp.asarray(ratio)
+        return ratio * advantage if not clip else jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage
+
+    _fails("test_ppo_surrogate", _with(ppo_surrogate=no_min), "dropped the signed min")
+    _fails("test_clip_directions", _with(signed_clip_terms=lambda r, a, e: no_min(r, a, e)),
+           "signed_clip_terms: only the clipped product is used")
+
+
+def test_a_correct_surrogate_for_positive_advantages_only_fails():
+    def positive_only(ratio, advantage, epsilon=0.2, clip=True):  # right for A > 0, wrong for A < 0
+        ratio, advantage = jnp.asarray(ratio), jnp.asarray(advantage)
+        if not clip:
+            return ratio * advantage
+        return jnp.minimum(ratio, 1 + epsilon) * advantage
+
+    message = _fails("test_ppo_surrogate", _with(ppo_surrogate=positive_only), "ppo_surrogate")
+    assert "bad action" in message or "sign" in message or "Clip bounds" in message
+
+
+def test_kl_direction_and_log_space_are_named():
+    _fails("test_kl_divergence", _with(kl_divergence=lambda p, q: kl_divergence(q, p)), "KL direction reversed")
+
+    def log_of_softmax(p, q):
+        sp, sq = jax.nn.softmax(p), jax.nn.softmax(q)
+        return jnp.sum(sp * (jnp.log(sp) - jnp.log(sq)))
+
+    _fails("test_kl_divergence", _with(kl_divergence=log_of_softmax), "log space")
+
+
+def test_penalty_sign_is_named():
+    _fails("test_penalized_reward", _with(penalized_reward=lambda r, b, k: r + b * k), "SUBTRACTED")
+
+
+def test_preference_margin_sign_is_named():
+    def flipped(w, chosen, rejected):
+        return jnp.mean(jax.nn.softplus((chosen - rejected) @ w))
+
+    _fails("test_preference_loss", _with(preference_loss=flipped), "wrong sign")
+
+
+def test_ppo_loss_without_stop_gradient_fails_the_detached_check_only():
+    def leaky(logits, old_logp, actions, advantages, ref_logp, beta, epsilon):
+        logp = jax.nn.log_softmax(logits)
+        ratio = jnp.exp(logp[actions] - old_logp)
+        terms = jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantages)
+        return -jnp.mean(terms) + beta * ppo.categorical_kl(logp, ref_logp)
+
+    _run("test_ppo_loss_value_grad", _with(ppo_loss=leaky))
+    _fails("test_ppo_loss_detached", _with(ppo_loss=leaky), "stop_gradient")
+
+
+@pytest.mark.parametrize("mistake,check", [("recompute_old", "test_old_logp_frozen"),
+                                           ("kl_to_old", "test_kl_against_reference"),
+                                           ("sample_reference", "test_rollout_update_fresh")])
+def test_rollout_mistakes_are_named(mistake, check):
+    def wrong(logits, draw_key, rewards, ref_logp, **hyper):
+        return procedures.trusted_update(REF, logits, draw_key, rewards, ref_logp, **hyper, mistake=mistake)
+
+    _fails(check, _with(rollout_update=wrong), procedures.UPDATE_MISTAKES[mistake])
+
+
+def test_a_reference_that_aliases_the_parameters_is_caught():
+    def in_place(policy):
+        policy -= np.log(np.sum(np.exp(policy)))
+        return policy
+
+    _fails("test_reference_snapshot", _with(snapshot_reference=in_place), "must not modify the policy")
+    _fails("test_reference_snapshot", _with(snapshot_reference=lambda p: p.view()), "log_softmax")
+
+
+def test_loop_that_refreshes_the_reference_is_named():
+    def refreshing(rewards, init_logits, *, iterations=40, seed=11, update=rollout_update, **hyper):
+        logits, key, out = jnp.asarray(init_logits), jax.random.key(seed), {"reward": [], "kl": [], "probs": []}
+        for _ in range(iterations):
+            key, draw = jax.random.split(key)
+            logits = update(logits, draw, rewards, jax.nn.log_softmax(logits), **hyper)
+        return out
+
+    _fails("test_loop", _with(run_ppo=refreshing), "KL measured against the old policy")
+
+
+def test_hard_coded_recorded_numbers_fail_the_fresh_run():
+    def hard_coded(*args, **kwargs):
+        return RECORDED_RUN | {"final_logits": np.zeros(3)}
+
+    _fails("test_recorded_numbers", _with(run_ppo=hard_coded), "fresh short run")
+    _fails("test_recorded_numbers", _with(run={**RECORDED_RUN, "kl": np.array([0.1, 0.2])}), "final KL")
+
+
+def test_optimum_overflow_is_named():
+    _fails("test_optimum_log_space", _with(analytic_optimum=lambda ref, r, b: jnp.log(
+        jax.nn.softmax(ref) * jnp.exp(r / b) / jnp.sum(jax.nn.softmax(ref) * jnp.exp(r / b)))), "log space")
+
+
+# ------------------------------------------------------------------------------------------------
+# plain data and argument markers
+
+
+class _Anything:
+    def __eq__(self, other):
+        return True
+
+    def __bool__(self):
+        return True
+
+
+@pytest.mark.parametrize("bad", [_Anything(), lambda: 1, (x for x in range(2)), {1: 2}, np.array(["a"]),
+                                 np.array([object()])])
+def test_plain_refuses_what_could_lie(bad):
+    with pytest.raises(GradingError):
+        core.plain(bad)
+
+
+def test_plain_converts_jax_values_and_nests():
+    out = core.plain({"a": jnp.arange(3.0), "b": (1, 2.5, True, None), "k": jax.random.key(3)})
+    assert isinstance(out["a"], np.ndarray) and out["a"].tolist() == [0.0, 1.0, 2.0]
+    assert out["b"] == (1, 2.5, True, None)
+    assert out["k"].tolist() == np.asarray(jax.random.key_data(jax.random.key(3))).tolist()
+
+
+def test_materialise_builds_markers_and_copies_arrays():
+    arr = np.ones(3, np.float32)
+    got = core.materialise((Jax(arr), Key(5), Source("def f(x):\n    return 2 * x\n", "f"), arr))
+    assert isinstance(got[0], jax.Array)
+    assert np.array_equal(jax.random.key_data(got[1]), jax.random.key_data(jax.random.key(5)))
+    assert got[2](3) == 6
+    got[3][0] = 7.0
+    assert arr[0] == 1.0
+
+
+def test_comparisons_refuse_fake_booleans_and_report_differences():
+    with pytest.raises(GradingError, match="not a boolean"):
+        core.check(_Anything(), "x")
+    with pytest.raises(GradingError, match="expected shape"):
+        core.close([1.0, 2.0], [1.0], "v")
+    with pytest.raises(GradingError, match="NaN or inf"):
+        core.close([np.nan], [1.0], "v")
+    with pytest.raises(GradingError, match="largest difference"):
+        core.close([1.0], [1.1], "v")
+    core.close([1.0], [1.0 + 1e-9], "v")
+    assert not core.matches("text", 1.0)
