@@ -105,6 +105,11 @@ os.execv(sys.argv[3], sys.argv[3:])
 """
 
 
+#: Text of a source notebook whose hidden tests still decide inside the kernel with the library's
+#: reference functions (and the checks of ``rlhf_lab.judging``): such notebooks get a full build.
+IN_KERNEL_MARKERS = ("grading.start(", "grading.reference", "grading.judge(")
+
+
 class SandboxUnavailable(RuntimeError):
     """Grading refused: no working sandbox and no opt-out."""
 
@@ -237,7 +242,10 @@ def bwrap_command(bwrap: str, kernel_cmd: list[str], *, cwd: str, readonly: list
     targets = [dest for _, dest in readonly] + list(writable) + [cwd]
     for target in targets:
         for folder in _ancestors(target):
-            if folder not in made and not folder.startswith(("/usr/", "/proc/", "/dev/")):
+            # folders bwrap would create for a mount point get mode 0700, which the kernel's
+            # own user id could not traverse; /usr itself is the host's (bound read-only)
+            inside_usr = folder.startswith("/usr/") and not (folder + "/").startswith("/usr/local/")
+            if folder not in made and not inside_usr and not folder.startswith(("/proc/", "/dev/")):
                 made.add(folder)
                 cmd += ["--perms", "0755", "--dir", folder]
     for src, dest in readonly:
@@ -375,8 +383,8 @@ class SandboxedKernelManager(LimitedKernelManager):
         if os.environ.get("RLHF_LIBRARY_BUILD", "auto").lower() in ("auto", "strip", "full") else "auto",
         help="Which course library the kernel sees. 'strip': the notebook's build without the functions "
              "its students implement. 'full': the library without instructor/. 'auto': 'strip', except "
-             "for a notebook whose source still grades inside the kernel (calls grading.start() or "
-             "uses grading.reference), which needs the reference functions in the kernel.",
+             "for a notebook whose source still grades inside the kernel (IN_KERNEL_MARKERS: grading.start(), "
+             "grading.reference, grading.judge()), which needs the reference functions in the kernel.",
     ).tag(config=True)
     notebook_name = Unicode(
         "", help="The notebook this kernel runs (set by kernel_guard.Execute); selects the library build.",
@@ -501,6 +509,28 @@ def _grades_in_kernel(root: Path, assignment: str, notebook: str | None) -> bool
         except (OSError, ValueError):
             continue
         text = "\n".join("".join(c.get("source", "")) for c in cells if c.get("cell_type") == "code")
-        if "grading.start(" in text or "grading.reference" in text:
+        if any(marker in text for marker in IN_KERNEL_MARKERS):
             return True
     return False
+
+
+def main(argv=None) -> int:
+    """``python -m rlhf_lab.instructor.sandbox``: say whether grading kernels can be sandboxed here."""
+    import argparse
+
+    argparse.ArgumentParser(description="Check that the grading sandbox (bubblewrap) works on this machine.") \
+        .parse_args(argv)
+    if opted_out():
+        warn_unprotected()
+        return 0
+    bwrap, problem = availability()
+    if bwrap is None:
+        print(refusal_message(problem), file=sys.stderr)
+        return 1
+    print(f"sandbox ready: {bwrap} works (kernels run as {'their own user ids' if os.geteuid() == 0 else 'you'} "
+          f"in their own PID and network namespaces)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
