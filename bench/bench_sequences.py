@@ -95,11 +95,13 @@ def main(argv=None) -> int:
     init, step, evaluate = ppo.make_step(task.lang, config.static, task.hidden)
     loop_first = None
 
+    small = ppo.rollout_arrays(task.arrays)
+
     def loop_run():
         carry = init(key, task.arrays, hp)
         evs = [evaluate(carry[0]["policy"], task.arrays, beta=hp["beta"])]
         for i in range(config.iterations):
-            carry, _ = step(carry, hp, task.arrays)
+            carry, _ = step(carry, hp, small)
             if (i + 1) % config.eval_every == 0:
                 evs.append(evaluate(carry[0]["policy"], task.arrays, beta=hp["beta"]))
         return jax.block_until_ready(jnp.stack(evs))
@@ -165,7 +167,7 @@ def main(argv=None) -> int:
         f"# Sequence-level RLHF benchmark ({dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')})",
         "",
         f"Default configuration: {config.iterations} iterations x {config.batch_size} responses, {config.epochs} epochs "
-        f"of {config.batch_size // config.minibatch_size} minibatches, networks of width {task.hidden} (two tanh layers), "
+        f"of {config.batch_size // config.minibatch_size} minibatches, networks of width {task.hidden} (one tanh layer each), "
         f"exact evaluation every {config.eval_every} iterations; {lang.n_prompts} prompts, {lang.n_tokens} tokens + EOS, "
         f"max length {lang.max_len}.",
         f"Python {platform.python_version()}, JAX {jax.__version__} ({jax.default_backend()}), {os.cpu_count()} CPUs, "

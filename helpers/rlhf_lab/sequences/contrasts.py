@@ -27,7 +27,7 @@ from . import exact
 from .estimators import k3
 from .language import Language, context_features, masked_mean
 from .policy import policy_logp, token_logp
-from .ppo import _check_task, exact_metrics, response_score, sample_responses
+from .ppo import _check_task, exact_metrics, response_score, rollout_arrays, sample_responses
 from .task import Task, TaskArrays
 
 # ------------------------------------------------------------------------------------------
@@ -198,6 +198,7 @@ def _curve(evs, every, params) -> CurveResult:
 
 def _grpo_core(key, hp, arrays: TaskArrays, *, lang: Language, static: tuple) -> CurveResult:
     TRACE_COUNTS["seq_grpo"] += 1
+    full, arrays = arrays, rollout_arrays(arrays)  # keep the enumeration tables out of the loop
     iterations, batch_size, group_size, epochs, mb_size, eval_every = static
     n_mb = batch_size // mb_size
     opt = optax.adam(hp["learning_rate"], eps=1e-5)
@@ -239,11 +240,12 @@ def _grpo_core(key, hp, arrays: TaskArrays, *, lang: Language, static: tuple) ->
 
     def block(carry, _):
         carry, _ = jax.lax.scan(iteration, carry, None, length=eval_every)
-        return carry, exact_metrics(carry[0], arrays, lang, hp["beta"])
+        return carry, carry[0]
 
-    first = exact_metrics(params, arrays, lang, hp["beta"])
-    carry, evs = jax.lax.scan(block, (params, opt.init(params), key), None, length=iterations // eval_every)
-    return _curve(jnp.concatenate([first[None], evs]), eval_every, carry[0])
+    carry, snaps = jax.lax.scan(block, (params, opt.init(params), key), None, length=iterations // eval_every)
+    snaps = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]), params, snaps)
+    evs = jax.lax.map(lambda p: exact_metrics(p, full, lang, hp["beta"]), snaps)
+    return _curve(evs, eval_every, carry[0])
 
 
 @functools.lru_cache(maxsize=None)

@@ -418,23 +418,39 @@ def init_carry(key, arrays: TaskArrays, hp: dict, hidden: int, lang: Language):
     return params, opt_state, key, hp["beta"]
 
 
+def rollout_arrays(arrays: TaskArrays) -> TaskArrays:
+    """The task arrays a PPO iteration needs (reference and reward model), without the enumeration tables.
+
+    Loops carry every array they use from one iteration to the next; keeping the tables (several
+    MB) out of the training loop keeps each iteration cheap. Exact evaluation happens outside it.
+    """
+    return arrays._replace(prefix_features=None, gold=None, proxy=None, score=None, ref_node_logp=None,
+                           ref_resp_logp=None)
+
+
 def train_core(key, hp: dict, arrays: TaskArrays, *, lang: Language, static: tuple, hidden: int) -> SeqTrainResult:
-    """One whole run as a pure function (un-jitted; see :func:`make_train`)."""
+    """One whole run as a pure function (un-jitted; see :func:`make_train`).
+
+    The training loop is ``lax.scan`` over blocks of ``eval_every`` iterations; each block emits a
+    snapshot of the policy parameters, and all snapshots (plus the initial policy) are evaluated
+    exactly afterwards in one batched pass.
+    """
     TRACE_COUNTS["seq_train"] += 1
     iterations, _, _, _, eval_every, _ = static
     iteration = make_iteration(lang, static)
+    small = rollout_arrays(arrays)
     carry = init_carry(key, arrays, hp, hidden, lang)
-    first = exact_metrics(carry[0]["policy"], arrays, lang, hp["beta"])
+    policy0 = carry[0]["policy"]
 
     def block(carry, _):
-        carry, (metrics, batches) = jax.lax.scan(lambda c, _: iteration(c, hp, arrays), carry, None, length=eval_every)
-        ev = exact_metrics(carry[0]["policy"], arrays, lang, hp["beta"])
+        carry, (metrics, batches) = jax.lax.scan(lambda c, _: iteration(c, hp, small), carry, None, length=eval_every)
         last = jax.tree_util.tree_map(lambda x: x[-1], batches)
-        return carry, (metrics, ev, last)
+        return carry, (metrics, carry[0]["policy"], last)
 
-    carry, (metrics, evs, lasts) = jax.lax.scan(block, carry, None, length=iterations // eval_every)
+    carry, (metrics, snapshots, lasts) = jax.lax.scan(block, carry, None, length=iterations // eval_every)
     metrics = jax.tree_util.tree_map(lambda x: x.reshape(-1), metrics)
-    evs = jnp.concatenate([first[None], evs], axis=0)
+    snapshots = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]), policy0, snapshots)
+    evs = jax.lax.map(lambda p: exact_metrics(p, arrays, lang, hp["beta"]), snapshots)  # one at a time: cheaper than vmap
     n_eval = iterations // eval_every
     return SeqTrainResult(
         eval_iteration=jnp.arange(n_eval + 1) * eval_every,
@@ -528,8 +544,9 @@ def train_python_loop(task: Task, config: SeqPPOConfig = SeqPPOConfig()) -> dict
     hp = config.hparams()
     carry = init(jax.random.key(config.seed), task.arrays, hp)
     evs = [evaluate(carry[0]["policy"], task.arrays, beta=hp["beta"])]
+    small = rollout_arrays(task.arrays)
     for i in range(config.iterations):
-        carry, _ = step(carry, hp, task.arrays)
+        carry, _ = step(carry, hp, small)
         if (i + 1) % config.eval_every == 0:
             evs.append(evaluate(carry[0]["policy"], task.arrays, beta=hp["beta"]))
     evs = np.asarray(jnp.stack(evs))
