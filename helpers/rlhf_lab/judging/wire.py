@@ -1,0 +1,210 @@
+"""The wire between the judge and a student's kernel: requests out, plain data back, as JSON text.
+
+This module is self-contained on purpose (the standard library and NumPy only): the judge imports
+it, and sends its *source text* to the student's kernel, where it is executed once to define
+``bridge(request_text) -> response_text``. Nothing the kernel sends back is trusted: the judge
+decodes it with :func:`decode` (which accepts only the node types below) and converts it again to
+plain data before a check sees it.
+
+Nodes (JSON):
+
+* ``null``, booleans, integers, floats (``NaN``/``inf`` allowed), short strings: themselves;
+* ``{"t": "nd", "dtype": "float32", "shape": [2, 3], "data": "<base64>"}``: a numeric array;
+* ``{"t": "tuple", "v": [...]}``, ``{"t": "list", "v": [...]}``, ``{"t": "dict", "v": {...}}``;
+* arguments only: ``{"t": "jax", "v": <nd>}`` (pass as a JAX array), ``{"t": "key", "seed": n}``
+  (``jax.random.key(seed)``), ``{"t": "src", "source": "...", "name": "f"}`` (a function the
+  check wrote, built where the call runs).
+
+A request is ``{"op": "call" | "grad" | "value" | "scenario", "name": ..., "argnums": ...,
+"needs": [...], "source": {...}, "args": [...], "kwargs": {...}}``; a response is
+``{"ok": true, "value": <node>}`` or ``{"ok": false, "kind": "missing" | "raised" | "refused",
+"error": "..."}``.
+"""
+import base64
+import json
+
+import numpy as np
+
+NUMERIC_KINDS = "biuf"
+MAX_TEXT = 10_000
+MAX_DEPTH = 8
+MAX_BYTES = 64 * 1024 * 1024
+
+
+class Refused(Exception):
+    """A value that is not plain data (raised while encoding or decoding)."""
+
+
+def _array_node(arr):
+    arr = np.array(arr, order="C", copy=True)  # (ascontiguousarray would turn a 0-d array into 1-d)
+    if arr.dtype.kind not in NUMERIC_KINDS:
+        raise Refused(f"an array of dtype {arr.dtype} is not numeric")
+    if arr.nbytes > MAX_BYTES:
+        raise Refused(f"an array of {arr.nbytes} bytes is too large")
+    return {"t": "nd", "dtype": arr.dtype.str, "shape": list(arr.shape),
+            "data": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def encode(value, depth=0):
+    """``value`` as a node; :class:`Refused` for anything that is not plain data."""
+    if depth > MAX_DEPTH:
+        raise Refused("nested too deeply")
+    kind = type(value)
+    if value is None or kind in (bool, int, float):
+        return value
+    if kind is str:
+        if len(value) > MAX_TEXT:
+            raise Refused(f"a text of {len(value)} characters")
+        return value
+    if kind in (tuple, list):
+        return {"t": kind.__name__, "v": [encode(v, depth + 1) for v in value]}
+    if kind is dict:
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise Refused(f"a dict key of type {type(k).__name__}")
+            out[k] = encode(v, depth + 1)
+        return {"t": "dict", "v": out}
+    if kind is np.ndarray or (isinstance(value, np.generic) and kind.__module__ == "numpy"):
+        return _array_node(np.asarray(value))
+    module = getattr(kind, "__module__", "") or ""
+    if module.startswith("jax") or module.startswith("jaxlib"):
+        import jax
+
+        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            value = jax.random.key_data(value)
+        return _array_node(np.asarray(value))
+    raise Refused(f"a {kind.__name__}")
+
+
+def encode_argument(value, depth=0):
+    """Like :func:`encode`, plus the argument markers of :mod:`rlhf_lab.judging.core`."""
+    name = type(value).__name__
+    if name == "Jax" and hasattr(value, "value"):
+        return {"t": "jax", "v": _array_node(np.asarray(value.value))}
+    if name == "Key" and hasattr(value, "seed"):
+        return {"t": "key", "seed": int(value.seed)}
+    if name == "Source" and hasattr(value, "source"):
+        return {"t": "src", "source": value.source, "name": value.name}
+    if type(value) in (tuple, list):
+        return {"t": type(value).__name__, "v": [encode_argument(v, depth + 1) for v in value]}
+    if type(value) is dict:
+        return {"t": "dict", "v": {k: encode_argument(v, depth + 1) for k, v in value.items()}}
+    return encode(value, depth)
+
+
+def decode(node, live=False, depth=0):
+    """A node back to Python; ``live=True`` (the kernel side) also builds the argument markers."""
+    if depth > MAX_DEPTH:
+        raise Refused("nested too deeply")
+    if node is None or type(node) in (bool, int, float):
+        return node
+    if type(node) is str:
+        if len(node) > MAX_TEXT:
+            raise Refused(f"a text of {len(node)} characters")
+        return node
+    if type(node) is not dict or type(node.get("t")) is not str:
+        raise Refused(f"an unknown node {type(node).__name__}")
+    t = node["t"]
+    if t == "nd":
+        dtype = np.dtype(node["dtype"])
+        if dtype.kind not in NUMERIC_KINDS:
+            raise Refused(f"an array of dtype {dtype}")
+        data = base64.b64decode(node["data"].encode("ascii"), validate=True)
+        shape = tuple(int(s) for s in node["shape"])
+        if len(data) > MAX_BYTES or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(data):
+            raise Refused("an array whose data does not match its shape")
+        return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+    if t in ("tuple", "list"):
+        items = [decode(v, live, depth + 1) for v in node["v"]]
+        return tuple(items) if t == "tuple" else items
+    if t == "dict":
+        return {str(k): decode(v, live, depth + 1) for k, v in node["v"].items()}
+    if live and t == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(decode(node["v"], live, depth + 1))
+    if live and t == "key":
+        import jax
+
+        return jax.random.key(int(node["seed"]))
+    if live and t == "src":
+        return build_source(node["source"], node["name"])
+    raise Refused(f"an unexpected node {t!r}")
+
+
+def build_source(source, name):
+    """The function ``name`` defined by ``source`` (``jax``, ``jnp`` and ``np`` in scope)."""
+    import jax
+    import jax.numpy as jnp
+
+    namespace = {"jax": jax, "jnp": jnp, "np": np, "__name__": "judge_source_" + name}
+    exec(compile(source, "<check source " + name + ">", "exec"), namespace)
+    return namespace[name]
+
+
+def request(op, name=None, args=(), kwargs=None, argnums=None, source=None, needs=()):
+    """The JSON text of one request (the judge side)."""
+    body = {"op": op, "name": name, "args": [encode_argument(a) for a in args],
+            "kwargs": {k: encode_argument(v) for k, v in (kwargs or {}).items()}, "needs": list(needs)}
+    if argnums is not None:
+        body["argnums"] = list(argnums) if isinstance(argnums, (tuple, list)) else int(argnums)
+    if source is not None:
+        body["source"] = {"source": source.source, "name": source.name}
+    return json.dumps(body)
+
+
+def bridge(request_text):
+    """Answer one request in the student's kernel (the kernel side); returns the response's JSON text."""
+    try:
+        from IPython import get_ipython
+
+        namespace = get_ipython().user_ns
+        req = json.loads(request_text)
+        args = [decode(a, live=True) for a in req.get("args", [])]
+        kwargs = {k: decode(v, live=True) for k, v in req.get("kwargs", {}).items()}
+        op, name = req["op"], req.get("name")
+        wanted = list(req.get("needs", [])) + ([name] if name else [])
+        missing = [n for n in wanted if n not in namespace]
+        if missing:
+            return json.dumps({"ok": False, "kind": "missing", "error": missing[0]})
+        if op == "value":
+            out = namespace[name]
+        elif op == "call":
+            out = namespace[name](*args, **kwargs)
+        elif op == "grad":
+            import jax
+
+            argnums = req["argnums"]
+            out = jax.grad(namespace[name], argnums=tuple(argnums) if isinstance(argnums, list) else argnums)(
+                *args, **kwargs)
+        elif op == "scenario":
+            procedure = build_source(req["source"]["source"], req["source"]["name"])
+            students = {n: namespace[n] for n in req.get("needs", [])}
+            out = procedure(*args, **students, **kwargs)
+        else:
+            return json.dumps({"ok": False, "kind": "refused", "error": "unknown request " + repr(op)})
+    except Exception as exc:  # noqa: BLE001 - whatever the student's code raised is reported, not obeyed
+        return json.dumps({"ok": False, "kind": "raised", "error": type(exc).__name__ + ": " + str(exc)[:2000]})
+    try:
+        return json.dumps({"ok": True, "value": encode(out)})
+    except Refused as exc:
+        return json.dumps({"ok": False, "kind": "refused", "error": str(exc)})
+    except Exception as exc:  # noqa: BLE001 - e.g. a tracer or an array that cannot be read
+        return json.dumps({"ok": False, "kind": "refused",
+                           "error": "a value that cannot be read (" + type(exc).__name__ + ": " + str(exc)[:500] + ")"})
+
+
+def response(text):
+    """The judge side: ``(ok, value or (kind, error))`` of a response's JSON text; :class:`Refused` if malformed."""
+    if type(text) is not str or len(text) > 2 * MAX_BYTES:
+        raise Refused("a response that is not text")
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise Refused("a response that is not JSON: " + str(exc)) from None
+    if type(body) is not dict or type(body.get("ok")) is not bool:
+        raise Refused("a response without a verdict")
+    if body["ok"]:
+        return True, decode(body.get("value"))
+    return False, (str(body.get("kind", "raised"))[:40], str(body.get("error", ""))[:2000])

@@ -1,0 +1,220 @@
+"""The judge outside the kernel: the wire, and real kernels answering (or lying to) the grader.
+
+* The wire carries plain data only: every value a check may receive round-trips exactly (0-d
+  arrays, dtypes, nestings), and every malformed or hostile answer (an unknown node, an array whose
+  bytes do not match its shape, an object dtype, text that is not JSON) is refused.
+* With a real Jupyter kernel, the judge's checks pass a correct notebook and fail a wrong one with
+  the check's message. What the kernel says about itself decides nothing: a kernel that rebinds
+  the bridge to answer "ok" with a made-up value, prints a fake result, rebinds NumPy's comparison
+  functions or returns an object whose ``__eq__`` is always true still gets only what its numbers
+  earn. A function that never returns costs only that test (the kernel is interrupted), and a
+  function that is not defined is named.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from rlhf_lab.instructor import judge
+from rlhf_lab.judging import CHECKS, wire
+from rlhf_lab.judging.core import Jax, Key, Source
+
+
+# ------------------------------------------------------------------------------------------------
+# the wire
+
+
+@pytest.mark.parametrize("value", [None, True, 3, 2.5, float("nan"), "text", np.float32(1.5), np.array(2.0),
+                                   np.arange(6, dtype=np.int32).reshape(2, 3), np.array([True, False]),
+                                   (1, [2.0, np.ones(2)], {"a": np.zeros((0, 3))})])
+def test_plain_values_round_trip_exactly(value):
+    back = wire.decode(json.loads(json.dumps(wire.encode(value))))
+
+    def same(a, b):
+        if isinstance(a, (np.ndarray, np.generic)):
+            b = np.asarray(b)
+            return np.asarray(a).shape == b.shape and np.asarray(a).dtype == b.dtype and np.array_equal(
+                np.asarray(a), b, equal_nan=True)
+        if isinstance(a, (tuple, list)):
+            return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, float) and np.isnan(a):
+            return np.isnan(b)
+        return a == b and type(a) is type(b)
+
+    assert same(value, back)
+
+
+class _Liar:
+    def __eq__(self, other):
+        return True
+
+
+@pytest.mark.parametrize("value", [_Liar(), lambda: 0, np.array(["a"]), {1: 2}, "x" * 20_000, object()])
+def test_what_is_not_plain_data_is_refused_on_the_kernel_side(value):
+    with pytest.raises(wire.Refused):
+        wire.encode(value)
+
+
+def _nd(arr):
+    return wire.encode(np.asarray(arr))
+
+
+@pytest.mark.parametrize("node", [
+    {"t": "pickle", "v": "..."},
+    {"t": "nd", "dtype": "|O", "shape": [1], "data": ""},
+    {"t": "nd", "dtype": "<f4", "shape": [3], "data": base64.b64encode(b"\0" * 8).decode()},
+    {"t": "nd", "dtype": "<f8", "shape": [1], "data": "not base64!"},
+    {"t": "jax", "v": {"t": "nd", "dtype": "<f4", "shape": [], "data": base64.b64encode(b"\0" * 4).decode()}},
+    {"t": "src", "source": "import os", "name": "f"},
+    [1, 2],
+])
+def test_hostile_nodes_are_refused_on_the_judge_side(node):
+    with pytest.raises((wire.Refused, ValueError, KeyError)):
+        wire.decode(node)
+
+
+def test_responses_that_are_not_verdicts_are_refused():
+    for text in ("not json", json.dumps([1]), json.dumps({"ok": "yes"}), 42):
+        with pytest.raises(wire.Refused):
+            wire.response(text)
+    assert wire.response(json.dumps({"ok": True, "value": _nd([1.0])}))[0] is True
+    assert wire.response(json.dumps({"ok": False, "kind": "raised", "error": "E"})) == (False, ("raised", "E"))
+
+
+def test_requests_carry_markers_and_the_bridge_builds_them():
+    text = wire.request("call", "f", (Jax(np.ones(2, np.float32)), Key(7)),
+                        {"g": Source("def g(x):\n    return x + 1\n", "g")})
+    body = json.loads(text)
+    assert [a["t"] for a in body["args"]] == ["jax", "key"] and body["kwargs"]["g"]["t"] == "src"
+    live = [wire.decode(a, live=True) for a in body["args"]]
+    import jax
+
+    assert isinstance(live[0], jax.Array) and live[1].dtype == jax.random.key(0).dtype
+    assert wire.decode(body["kwargs"]["g"], live=True)(1) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# real kernels
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        judge.install_bridge(kc)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def _run_in(kc, code: str) -> None:
+    reply = kc.execute_interactive(textwrap.dedent(code), output_hook=lambda m: None, timeout=120)
+    assert reply["content"]["status"] == "ok", reply["content"]
+
+
+def _verdict(kernel, name: str, timeout: float = 60):
+    km, kc = kernel
+    student = judge.RemoteStudent(kc, CHECKS[name], timeout, interrupt=km.interrupt_kernel)
+    out = judge.run_check(name, student)
+    return None if not out else out[0]["evalue"]
+
+
+CORRECT_SURROGATE = """
+import jax.numpy as jnp
+def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+    ratio, advantage = jnp.asarray(ratio), jnp.asarray(advantage)
+    if not clip:
+        return ratio * advantage
+    return jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)
+"""
+
+
+def test_a_correct_function_passes_and_a_wrong_one_is_told_why(kernel):
+    _run_in(kernel[1], CORRECT_SURROGATE)
+    assert _verdict(kernel, "test_ppo_surrogate") is None
+    _run_in(kernel[1], """
+    def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+        ratio = jnp.asarray(ratio)
+        return ratio * advantage if not clip else jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage
+    """)
+    assert "dropped the signed min" in _verdict(kernel, "test_ppo_surrogate")
+
+
+def test_rebinding_things_in_the_kernel_decides_nothing(kernel):
+    _run_in(kernel[1], """
+    import numpy as np, numpy.testing
+    np.allclose = lambda *a, **k: True
+    np.testing.assert_allclose = lambda *a, **k: None
+    np.array_equal = lambda *a, **k: True
+    def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+        return jnp.asarray(ratio) * 0.0
+    """)
+    assert _verdict(kernel, "test_ppo_surrogate") is not None
+
+
+def test_a_forged_bridge_answer_still_has_to_be_right(kernel):
+    km, kc = kernel
+    # the kernel replaces the grader's bridge with one that always answers "ok" with made-up numbers
+    _run_in(kc, """
+    import json, base64, numpy as _np
+    def _rlhf_judge_bridge(request_text):
+        arr = _np.ones(96, _np.float32)
+        return json.dumps({"ok": True, "value": {"t": "nd", "dtype": arr.dtype.str, "shape": [96],
+                                                 "data": base64.b64encode(arr.tobytes()).decode()}})
+    print("[grader] test_ppo_surrogate: 6 / 6 points")
+    """)
+    try:
+        assert _verdict(kernel, "test_ppo_surrogate") is not None
+    finally:
+        judge.install_bridge(kc)
+
+
+def test_an_object_that_equals_everything_is_refused(kernel):
+    _run_in(kernel[1], """
+    class Anything:
+        def __eq__(self, other): return True
+        def __bool__(self): return True
+        def __array__(self, *a, **k): raise TypeError("no")
+    def penalized_reward(reward, beta, kl):
+        return Anything()
+    """)
+    message = _verdict(kernel, "test_penalized_reward")
+    assert message and "expected numbers or arrays" in message and "Anything" in message
+
+
+def test_a_missing_function_is_named(kernel):
+    _run_in(kernel[1], "globals().pop('beta_sweep', None)")
+    assert "`beta_sweep` is not defined" in _verdict(kernel, "test_beta_sweep")
+
+
+def test_a_function_that_never_returns_costs_only_its_test(kernel):
+    _run_in(kernel[1], """
+    import time
+    def penalized_reward(reward, beta, kl):
+        while True:
+            time.sleep(0.05)
+    """)
+    message = _verdict(kernel, "test_penalized_reward", timeout=3)
+    assert "did not answer within 3 s" in message
+    # the kernel was interrupted and answers the next request
+    _run_in(kernel[1], "def penalized_reward(reward, beta, kl):\n    return reward - beta * kl\n")
+    assert _verdict(kernel, "test_penalized_reward") is None
+
+
+def test_judged_cells_are_recognised_only_in_test_cells():
+    test = {"cell_type": "code", "metadata": {"nbgrader": {"grade": True, "solution": False}},
+            "source": '# t: x\n### BEGIN HIDDEN TESTS\ngrading.judge("test_loop")\n### END HIDDEN TESTS\nassert 1\n'}
+    assert judge.judged_check(test) == "test_loop"
+    answer = dict(test, metadata={"nbgrader": {"grade": False, "solution": True}})
+    assert judge.judged_check(answer) is None
+    extra = dict(test, source=test["source"].replace('("test_loop")', '("test_loop")\nimport os'))
+    assert judge.judged_check(extra) is None
