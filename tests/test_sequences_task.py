@@ -189,3 +189,22 @@ def test_fit_reference_validation(task):
         sq.fit_reference(LANG, prompts, tokens, mask[:, :5])
     with pytest.raises(ValueError, match="learning_rate must be > 0"):
         sq.fit_reference(LANG, prompts, tokens, mask, learning_rate=0.0)
+
+
+def test_evaluate_policy_of_the_reference(task):
+    ev = sq.evaluate_policy(task, task.ref_params, beta=0.1)
+    assert ev["kl"] == 0.0 and ev["proxy"] == pytest.approx(0.0, abs=1e-4)
+    ref = np.exp(np.asarray(task.arrays.ref_resp_logp, np.float64))
+    assert ev["gold"] == pytest.approx(np.mean((ref * np.asarray(task.arrays.gold)).sum(1)), abs=1e-5)
+    assert ev["regret"] == pytest.approx(ev["optimum"] - ev["score"], abs=1e-6) and ev["regret"] > 0
+    tree = sq.prefix_tree(LANG)
+    assert ev["p_truncated"] == pytest.approx(np.mean((ref * (1 - tree.has_eos)).sum(1)), abs=1e-5)
+    with pytest.raises(ValueError, match="beta"):
+        sq.evaluate_policy(task, task.ref_params, beta=0.0)
+
+
+def test_optimum_summary_kl_grows_as_beta_falls(task):
+    kls = [sq.optimum_summary(task, b)["kl"] for b in (3.0, 1.0, 0.3, 0.1)]
+    assert all(a < b for a, b in zip(kls, kls[1:]))
+    s = sq.optimum_summary(task, 0.3)
+    assert s["objective"] == pytest.approx(s["score"] - 0.3 * s["kl"], abs=1e-3)

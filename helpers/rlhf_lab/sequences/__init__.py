@@ -31,7 +31,7 @@ from .gold import GoldReward, gold_reward, gold_table, gold_terms, make_gold, ra
 from .sft import MarkovChain, SFTResult, demonstration_counts, fit_reference, random_chain, sample_demonstrations
 from .preferences import Pairs, ProxyReward, fit_proxy, preference_loss, proxy_features, proxy_reward, sample_pairs
 from . import exact
-from .task import DEFAULT_SEED, Task, TaskArrays, default_task, make_task
+from .task import DEFAULT_SEED, Task, TaskArrays, default_task, evaluate_policy, make_task, optimum_summary
 from .estimators import (
     exact_token_kl, expected_estimates, k1, k2, k3, placement_gradients, sampled_placement_gradients,
     sequence_placement_gradients,
@@ -52,7 +52,7 @@ __all__ = [
     "GoldReward", "gold_reward", "gold_table", "gold_terms", "make_gold", "random_gold",
     "MarkovChain", "SFTResult", "demonstration_counts", "fit_reference", "random_chain", "sample_demonstrations",
     "Pairs", "ProxyReward", "fit_proxy", "preference_loss", "proxy_features", "proxy_reward", "sample_pairs",
-    "exact", "DEFAULT_SEED", "Task", "TaskArrays", "default_task", "make_task",
+    "exact", "DEFAULT_SEED", "Task", "TaskArrays", "default_task", "evaluate_policy", "make_task", "optimum_summary",
     "exact_token_kl", "expected_estimates", "k1", "k2", "k3", "placement_gradients",
     "sampled_placement_gradients", "sequence_placement_gradients",
     "Batch", "SeqPPOConfig", "SeqTrainResult", "adaptive_kl_update", "gae", "last_token", "per_token_rewards",

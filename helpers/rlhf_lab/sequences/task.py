@@ -153,3 +153,46 @@ def chain_table(task: Task) -> np.ndarray:
     R = tree.response_tokens.shape[0]
     return np.stack([chain_response_logp(task.chain, task.lang, tree.response_tokens, np.full(R, p))
                      for p in range(task.lang.n_prompts)])
+
+
+def evaluate_policy(task: Task, policy_params: dict, beta: float) -> dict:
+    """Exact numbers of one policy on ``task`` as plain floats (prompts averaged), for notebooks.
+
+    Keys: ``gold``, ``proxy``, ``score`` (proxy minus the missing-EOS penalty), ``kl`` (sequence
+    ``KL(pi || pi_ref)`` in nats), ``objective`` (``score - beta * kl``), ``optimum`` (objective of
+    ``pi*_beta``), ``regret`` (optimum - objective), ``p_truncated`` and ``mean_length`` (content tokens).
+    """
+    if not isinstance(task, Task):
+        raise ValueError(f"task must be a rlhf_lab.sequences.Task (see make_task), got {type(task).__name__}")
+    beta = checks.beta(beta)
+    a = task.arrays
+    node, resp = exact.policy_tables(policy_params, a.prefix_features, task.lang)
+    tree = prefix_tree(task.lang)
+    probs = np.exp(np.asarray(resp, np.float64))
+    kl = float(np.mean(np.asarray(exact.sequence_kl(node, a.ref_node_logp, task.lang))))
+    score = float(np.mean(np.sum(probs * np.asarray(a.score), axis=1)))
+    optimum = float(np.mean(np.asarray(exact.optimal_objective(a.ref_resp_logp, a.score, beta))))
+    return {
+        "gold": float(np.mean(np.sum(probs * np.asarray(a.gold), axis=1))),
+        "proxy": float(np.mean(np.sum(probs * np.asarray(a.proxy), axis=1))),
+        "score": score, "kl": kl, "objective": score - beta * kl, "optimum": optimum,
+        "regret": optimum - (score - beta * kl),
+        "p_truncated": float(np.mean(np.sum(probs * (1.0 - tree.has_eos), axis=1))),
+        "mean_length": float(np.mean(np.sum(probs * tree.length, axis=1))),
+    }
+
+
+def optimum_summary(task: Task, beta: float) -> dict:
+    """Exact gold, proxy, score and KL of the optimum ``pi*_beta ∝ pi_ref exp(score / beta)`` (prompts averaged)."""
+    if not isinstance(task, Task):
+        raise ValueError(f"task must be a rlhf_lab.sequences.Task (see make_task), got {type(task).__name__}")
+    beta = checks.beta(beta)
+    a = task.arrays
+    opt = exact.optimal_logp(a.ref_resp_logp, a.score, beta)
+    return {
+        "gold": float(jnp.mean(exact.expectation(opt, a.gold))),
+        "proxy": float(jnp.mean(exact.expectation(opt, a.proxy))),
+        "score": float(jnp.mean(exact.expectation(opt, a.score))),
+        "kl": float(jnp.mean(exact.response_kl(opt, a.ref_resp_logp))),
+        "objective": float(jnp.mean(exact.optimal_objective(a.ref_resp_logp, a.score, beta))),
+    }
