@@ -125,3 +125,13 @@ def test_the_flag_releases_pending_feedback_that_says_awaiting_grading(graded):
     assert not re.search(r"Written response \(Score: 0\.0 /", text)
     with pytest.raises(TypeError, match="release_pending must be True or False"):
         pipeline.feedback(A, root, db, release_pending="yes")
+
+
+def test_give_feedback_names_a_wrong_assignment_or_flag():
+    from rlhf_lab.instructor import give_feedback
+
+    with pytest.raises(ValueError, match="assignment must be one of"):
+        give_feedback.give_feedback("ppo_typo", REPO)
+    with pytest.raises(TypeError, match="release must be True or False"):
+        give_feedback.give_feedback(A, REPO, release="no")
+    assert give_feedback.main(["ppo_typo"]) == 2

@@ -11,6 +11,7 @@ import copy
 import csv
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -194,6 +195,13 @@ def test_demo_command_grades_prints_the_tables_and_resumes_only_what_is_unfinish
     for s in students:
         assert (work / "submitted" / s / a / "timestamp.txt").is_file()
     assert "roster:" in first.stdout and "held:" in first.stdout
+    # output meant for a person: no library log lines on the terminal or in the students' feedback
+    noise = re.compile(r"^\s*(\[\w+App\] (WARNING|ERROR)|\[\w+App \| (WARNING|ERROR)\]|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+"
+                       r"|.*cpu_aot_loader|.*Assume version compatibility)", re.M)
+    assert not noise.findall(first.stdout + first.stderr), (first.stdout + first.stderr)[-3000:]
+    xla_log = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\.cc:\d+\]|cpu_aot_loader")
+    pages = sorted((work / "feedback").rglob("*.html")) + sorted((work / "autograded").rglob("*.ipynb"))
+    assert pages and not [p for p in pages if xla_log.search(p.read_text(encoding="utf-8", errors="replace"))]
     assert grades.totals  # the roster gave names: the gradebook knows them
     from rlhf_lab.instructor import roster
     assert roster.gradebook_students(work, own_db(work))["ada_correct"][:2] == ("Ada", "Okafor")

@@ -159,8 +159,11 @@ def ensure_seed(root: str | os.PathLike, assignment: str, *, force: bool = False
         for path in sorted(work.glob("*.ipynb")):
             nb = nbformat.read(path, as_version=4)
             try:
+                # the kernel's own start-up warnings (ipykernel: "running over TCP without
+                # encryption") would land on the instructor's terminal, once per notebook
                 client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                         kernel_manager_class=manager,
+                                        extra_arguments=["--IPKernelApp.log_level=ERROR"],
                                         resources={"metadata": {"path": str(work)}})
                 client.km = manager(kernel_name="python3", seed_cache_dir=str(cache))
                 client.execute(env=env)
