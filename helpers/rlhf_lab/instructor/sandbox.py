@@ -343,6 +343,36 @@ def _restore_owners(root: str, owners: dict[str, tuple[int, int]]) -> None:
                 pass
 
 
+def processes_of(uid: int) -> list[int]:
+    """Pids of the processes whose real user id is ``uid`` (read from ``/proc``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        if int(line.split()[1]) == uid:
+                            found.append(int(entry))
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _wait_until_no_process_of(uid: int, timeout: float = 10.0) -> bool:
+    """Wait (up to ``timeout`` s) until no process runs as ``uid``; True if none is left."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while processes_of(uid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
@@ -391,6 +421,7 @@ class SandboxedKernelManager(LimitedKernelManager):
     )
 
     _ipc_dir: str | None = None
+    _sandbox_cache: str | None = None
     _slot: UidSlot | None = None
     _owners: dict | None = None
     _notebook_dir: str | None = None
@@ -426,6 +457,7 @@ class SandboxedKernelManager(LimitedKernelManager):
         writable = [self._ipc_dir]
         if self._cache_dir:
             writable.append(self._cache_dir)
+            self._sandbox_cache = self._cache_dir
         uid = -1
         if os.geteuid() == 0:
             self._slot = UidSlot(self.uid_base)
@@ -458,6 +490,13 @@ class SandboxedKernelManager(LimitedKernelManager):
         kernel's user id and remove its IPC folder. Idempotent; kernel_guard.Execute also calls it
         after every notebook, because nbclient skips the manager's cleanup when a kernel died early."""
         self.kill_process_group()
+        if self._slot is not None:
+            # the kernel's user id is its own: once no process has it, the sandbox is gone and
+            # nothing can write into the folders cleaned below any more
+            _wait_until_no_process_of(self._slot.uid)
+        if self._sandbox_cache and os.path.isdir(self._sandbox_cache):
+            shutil.rmtree(self._sandbox_cache, ignore_errors=True)
+        self._sandbox_cache = None
         if self._owners is not None and self._notebook_dir:
             _restore_owners(self._notebook_dir, self._owners)
             self._owners = None
