@@ -290,3 +290,17 @@ def test_adaptive_kl_moves_beta_towards_the_target():
     r = sq.train(task, cfg)
     beta = np.asarray(r.beta)
     assert beta[-1] > beta[0] * 1.5  # KL above target: beta grows
+
+
+@pytest.mark.slow
+def test_other_language_end_to_end():
+    """A fresh task on another language (3 prompts, 4 tokens, length 5): build, train, evaluate."""
+    lang = sq.Language(n_prompts=3, n_tokens=4, max_len=5)
+    task = sq.make_task(seed=11, lang=lang, n_demos=600, n_pairs=600)
+    total = np.exp(np.asarray(task.arrays.ref_resp_logp, np.float64)).sum(axis=1)
+    np.testing.assert_allclose(total, 1.0, atol=1e-4)
+    r = sq.train(task, sq.SeqPPOConfig(iterations=40, batch_size=48, minibatch_size=16, eval_every=10, beta=0.1))
+    assert r.gold.shape == (5,) and float(r.proxy[-1]) > float(r.proxy[0]) + 0.3
+    assert float(r.regret[-1]) < float(r.regret[0])
+    ev = sq.evaluate_policy(task, r.policy_params, 0.1)
+    assert ev["kl"] == pytest.approx(float(r.kl[-1]), rel=1e-4, abs=1e-5)
