@@ -366,6 +366,22 @@ def test_the_bwrap_command_binds_nothing_of_the_course_but_the_notebook_folder(t
                               python="p")
 
 
+def test_each_live_kernel_gets_its_own_user_id_and_a_freed_id_is_reused(tmp_path):
+    first = sandbox.UidSlot(2_000_000, span=3, lock_dir=str(tmp_path))
+    second = sandbox.UidSlot(2_000_000, span=3, lock_dir=str(tmp_path))
+    third = sandbox.UidSlot(2_000_000, span=3, lock_dir=str(tmp_path))
+    assert len({first.uid, second.uid, third.uid}) == 3
+    assert {first.uid, second.uid, third.uid} <= {2_000_000, 2_000_001, 2_000_002}
+    with pytest.raises(sandbox.SandboxUnavailable, match="in use"):
+        sandbox.UidSlot(2_000_000, span=3, lock_dir=str(tmp_path))
+    second.release()
+    assert sandbox.UidSlot(2_000_000, span=3, lock_dir=str(tmp_path)).uid == second.uid
+    with pytest.raises(ValueError, match="uid_base"):
+        sandbox.UidSlot(0)
+    assert sandbox.processes_of(os.getuid())  # this test's own process at least
+    assert sandbox.processes_of(2_000_001) == []
+
+
 # ------------------------------------------------------------------ slow: a real nbgrader autograde
 TOY = "toy"
 TOY_ANSWERS = {
