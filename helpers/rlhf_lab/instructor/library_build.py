@@ -60,6 +60,7 @@ MANIFEST: dict[str, tuple[str, ...]] = {
     "ppo_rlhf/04_make_it_yours": ("categorical_kl", "clipped_surrogate", "enumerated_baseline_gradient",
                                   "exact_reward_gradient", "optimal_logp", "ppo_loss",
                                   "regularised_objective"),
+    "ppo_sequences/01_masks_and_sft": ("preference_loss",),
 }
 
 

@@ -405,11 +405,11 @@ def seq_batch_rewards(student, rng, ref):
     want = np.asarray(sq.per_token_rewards(logp, ref_logp, score, mask, beta))
     eos_masked = ((tokens != EOS) & (tokens != PAD)).astype(np.float32)
     diagnose(got, want, lambda: {
-        **_reward_mistakes(logp, ref_logp, score, mask, lengths, beta),
         "KL measured against the old policy (the policy's own log-probs): the penalty must compare the "
         "sampling policy with the frozen REFERENCE network": np.asarray(sq.per_token_rewards(logp, logp, score, mask, beta)),
         "EOS itself is masked (tokens != eos): EOS is a real token, only PAD is padding":
             np.asarray(sq.per_token_rewards(logp * eos_masked, ref_logp * eos_masked, score, eos_masked, beta)),
+        **_reward_mistakes(logp, ref_logp, score, mask, lengths, beta),
     }, "batch_rewards")
     close(got, want, "batch_rewards on a fresh batch", rtol=1e-4, atol=1e-5)
 
@@ -434,8 +434,8 @@ def _epochs(params, prompts, tokens, old_logp, advantages, epsilon, lr, epochs, 
     return {k: np.asarray(v) for k, v in params.items()}
 
 
-@register("test_seq_ppo_epochs", task="ppo_epochs", needs=("ppo_epochs",), forbid=("train", "make_train",
-          "train_core", "make_iteration"), assignment=A, notebook=NB3)
+@register("test_seq_ppo_epochs", task="ppo_epochs", needs=("ppo_epochs",), forbid=(), assignment=A,
+          notebook=NB3)
 def seq_ppo_epochs(student, rng, ref):
     """Several epochs on one fresh batch: old log-probs frozen at collection, the ratio moves off 1."""
     from rlhf_lab import sequences as sq
