@@ -116,6 +116,11 @@ def loop(tmp_path_factory):
             shutil.copy(REPO / "examples" / "submissions" / sid / A / nb, home / A / nb)
         out[f"submit {sid}"] = exchange.submit_as(A, sid, home, root, ex)
         homes[sid] = home
+    # a student whose folder nbgrader cannot submit fails alone, named; the others are submitted
+    (root.parent / "homes" / "dee_kl_direction_reversed").mkdir(parents=True)
+    shutil.copytree(REPO / "examples" / "submissions" / "eve_hard_coded_table" / A, root.parent / "homes" / "eve" / A)
+    out["many"] = exchange.submit_many(A, {"dee_kl_direction_reversed": root.parent / "homes" / "dee_kl_direction_reversed",
+                                           "eve_hard_coded_table": root.parent / "homes" / "eve"}, root, ex)
     out["inbound"] = exchange.inbound(A, root, ex)
     out["collect"] = exchange.collect(A, root, db, ex, check_owner=False)
     out["homes"] = homes
@@ -142,7 +147,9 @@ def test_students_fetch_exactly_the_release(loop):
 @pytest.mark.slow
 def test_each_submission_is_filed_under_its_student(loop):
     owners = sorted(name.split("+")[0] for name in loop["inbound"])
-    assert owners == ["ada_correct", "cy_dropped_signed_min"]
+    assert owners == ["ada_correct", "cy_dropped_signed_min", "eve_hard_coded_table"]
+    assert loop["many"]["eve_hard_coded_table"] is None
+    assert loop["many"]["dee_kl_direction_reversed"].startswith("student dee_kl_direction_reversed: nbgrader submit failed")
     for name in loop["inbound"]:
         files = sorted(p.name for p in (loop["exchange"] / pipeline.COURSE_ID / "inbound" / name).iterdir())
         assert {"timestamp.txt", "submission_secret.txt"} <= set(files)
@@ -153,6 +160,8 @@ def test_each_submission_is_filed_under_its_student(loop):
 @pytest.mark.slow
 def test_collect_brings_each_student_s_latest_work_into_submitted(loop):
     root = loop["root"]
+    assert sorted(p.name for p in (root / "submitted").iterdir()) == \
+        ["ada_correct", "cy_dropped_signed_min", "eve_hard_coded_table"]
     for sid in loop["homes"]:
         dest = root / "submitted" / sid / A
         for nb in (REPO / "examples" / "submissions" / sid / A).glob("*.ipynb"):
