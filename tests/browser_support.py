@@ -144,11 +144,15 @@ def _kill_pids(pids: list[int], sig: int) -> None:
 
 
 @contextlib.contextmanager
-def jupyter_lab(root_dir: Path, state_dir: Path, startup_timeout: float = 90.0, wait: bool = True):
+def jupyter_lab(root_dir: Path, state_dir: Path, startup_timeout: float = 90.0, wait: bool = True,
+                config_dir: Path | None = None, extra_env: dict | None = None):
     """Run ``jupyter lab`` serving ``root_dir``; yield a :class:`LabServer`; always stop it.
 
     With ``wait=False`` the server is yielded as soon as its process is started (call
     :meth:`LabServer.wait_ready` later), so other start-up work (the browser) can overlap.
+    ``config_dir`` is the server's ``JUPYTER_CONFIG_DIR`` (default: an empty folder under
+    ``state_dir``), for example a course's ``jupyter/instructor``; ``extra_env`` is added to the
+    server's environment last (a value of ``None`` removes that variable).
     """
     port, token = free_port(), secrets.token_hex(16)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +160,7 @@ def jupyter_lab(root_dir: Path, state_dir: Path, startup_timeout: float = 90.0, 
     env.update(
         PATH=f"{_venv_bin()}{os.pathsep}{env.get('PATH', '')}",
         JAX_PLATFORMS="cpu",
-        JUPYTER_CONFIG_DIR=str(state_dir / "config"),
+        JUPYTER_CONFIG_DIR=str(config_dir if config_dir is not None else state_dir / "config"),
         JUPYTER_RUNTIME_DIR=str(state_dir / "runtime"),
         JUPYTERLAB_SETTINGS_DIR=str(state_dir / "lab-settings"),
         JUPYTERLAB_WORKSPACES_DIR=str(state_dir / "lab-workspaces"),
@@ -164,6 +168,11 @@ def jupyter_lab(root_dir: Path, state_dir: Path, startup_timeout: float = 90.0, 
         MPLCONFIGDIR=str(state_dir / "mpl"),
         PYTHONUNBUFFERED="1",
     )
+    for name, value in (extra_env or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = str(value)
     _write_settings(state_dir / "lab-settings")
     jupyter = _venv_bin() / "jupyter"
     cmd = [
