@@ -159,3 +159,16 @@ def test_check_beta_gamma():
         exact.check_beta_gamma(0.0, 1.0)
     with pytest.raises(ValueError, match=r"gamma \(discount\) must lie in \[0, 1\]"):
         exact.check_beta_gamma(0.1, 1.5)
+
+
+def test_exact_bad_input(small):
+    with pytest.raises(ValueError, match="node_logp must end in shape"):
+        exact.response_logp(small["node"][:, :5], SMALL)
+    with pytest.raises(ValueError, match="mismatched shapes"):
+        exact.sequence_kl(small["node"], small["ref_node"][:1], SMALL)
+    with pytest.raises(ValueError, match="beta .KL coefficient. must be > 0"):
+        exact.optimal_logp(small["ref_resp"], jnp.zeros_like(small["ref_resp"]), 0.0)
+    with pytest.raises(ValueError, match="mismatched shapes"):
+        exact.optimal_objective(small["ref_resp"], jnp.zeros((2, 3)), 0.5)
+    with pytest.raises(ValueError, match="lang must be"):
+        exact.reach_logp(small["node"], "small")

@@ -31,8 +31,22 @@ def prefix_logp(params: dict, prefix_features: jax.Array) -> jax.Array:
     return policy_logp(params, prefix_features)
 
 
+def _check_nodes(name, node_logp, lang):
+    if not isinstance(lang, Language):
+        raise ValueError(f"lang must be a rlhf_lab.sequences.Language, got {type(lang).__name__}")
+    if np.shape(node_logp)[-2:] != (lang.n_prefixes, lang.n_actions):
+        raise ValueError(f"{name} must end in shape (n_prefixes={lang.n_prefixes}, n_actions={lang.n_actions}), "
+                         f"got {np.shape(node_logp)}")
+
+
+def _beta(beta):
+    if not isinstance(beta, jax.core.Tracer):
+        checks.beta(beta)
+
+
 def reach_logp(node_logp: jax.Array, lang: Language) -> jax.Array:
     """``log pi(prefix | p)`` of every prefix, ``[P, n_prefixes]`` (0 at the empty prefix)."""
+    _check_nodes("node_logp", node_logp, lang)
     tree = prefix_tree(lang)
     V = lang.n_tokens
     levels = [jnp.zeros(node_logp.shape[:-2] + (1,), node_logp.dtype)]
@@ -69,6 +83,7 @@ def sequence_kl(node_logp: jax.Array, ref_node_logp: jax.Array, lang: Language) 
 
     ``node_logp`` belongs to the current policy, ``ref_node_logp`` to the frozen reference.
     """
+    checks.same_shape(("node_logp", "ref_node_logp"), node_logp, ref_node_logp)
     return jnp.sum(jnp.exp(reach_logp(node_logp, lang)) * token_kl(node_logp, ref_node_logp), axis=-1)
 
 
@@ -79,16 +94,22 @@ def response_kl(resp_logp: jax.Array, ref_resp_logp: jax.Array) -> jax.Array:
 
 def objective(resp_logp, ref_resp_logp, score, beta) -> jax.Array:
     """KL-regularised objective ``J(pi) = E_pi[s] - beta KL(pi || pi_ref)`` per prompt, ``[P]``."""
+    _beta(beta)
+    checks.same_shape(("resp_logp", "ref_resp_logp", "score"), resp_logp, ref_resp_logp, score)
     return expectation(resp_logp, score) - beta * response_kl(resp_logp, ref_resp_logp)
 
 
 def optimal_logp(ref_resp_logp: jax.Array, score: jax.Array, beta) -> jax.Array:
     """``log pi*_beta(y | p) = log_softmax_y(log pi_ref(y | p) + s(y) / beta)``, ``[P, R]``."""
+    _beta(beta)
+    checks.same_shape(("ref_resp_logp", "score"), ref_resp_logp, score)
     return jax.nn.log_softmax(ref_resp_logp + score / beta, axis=-1)
 
 
 def optimal_objective(ref_resp_logp: jax.Array, score: jax.Array, beta) -> jax.Array:
     """``J(pi*_beta) = beta log sum_y pi_ref(y) exp(s(y)/beta)`` per prompt, ``[P]`` (the maximum of J)."""
+    _beta(beta)
+    checks.same_shape(("ref_resp_logp", "score"), ref_resp_logp, score)
     return beta * jax.scipy.special.logsumexp(ref_resp_logp + score / beta, axis=-1)
 
 

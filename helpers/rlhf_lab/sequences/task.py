@@ -66,6 +66,12 @@ class Task:
     hidden: int
     arrays: TaskArrays = field(repr=False)
 
+    def __repr__(self) -> str:
+        lang = self.lang
+        return (f"Task(seed={self.seed}, n_prompts={lang.n_prompts}, n_tokens={lang.n_tokens}, max_len={lang.max_len}, "
+                f"hidden={self.hidden}, n_demos={len(self.demos[0])}, n_pairs={len(self.pairs.prompts)}; "
+                f"see .describe())")
+
     @property
     def ref_params(self) -> dict:
         """The frozen reference policy (the SFT result)."""
