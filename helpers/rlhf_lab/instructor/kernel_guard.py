@@ -20,6 +20,10 @@ can undo them before they take effect:
     (:mod:`.compile_cache`), deleted when the kernel stops: the programs every student's notebook
     compiles identically are loaded instead of compiled.
 
+    Its :meth:`~LimitedKernelManager.wrap_launch` hook is where the sandbox
+    (:class:`.sandbox.SandboxedKernelManager`, selected by ``c.Execute.kernel_manager_class`` in
+    ``nbgrader_config.py``; see ``docs/sandbox.md``) turns the kernel command into a bubblewrap one.
+
     ``RLHF_KERNEL_SCRUB_ENV`` (comma-separated) removes environment variables from the kernel,
     for example ``NBGRADER_EXECUTION``, which nbgrader sets so a notebook can tell it is being
     graded. It is kept by default because the course's own locked cells use it to skip the live
@@ -188,7 +192,10 @@ class Execute(_NbgraderExecute):
     """nbgrader's ``Execute`` that survives a dead or unresponsive kernel (see the module docstring).
 
     A drop-in replacement: same class name, so every ``c.Execute.*`` setting of
-    ``nbgrader_config.py`` (timeout, iopub_timeout, ...) applies to it unchanged.
+    ``nbgrader_config.py`` (timeout, iopub_timeout, ...) applies to it unchanged, and
+    ``c.Execute.kernel_manager_class`` (which nbgrader's own ``Execute`` overrides with a keyword)
+    is honoured. The kernel manager is told the notebook's name (``notebook_name``) and released
+    after every notebook (``release_sandbox``), also when the kernel died before nbclient's cleanup.
     """
 
     kill_grace = Integer(5, help="Seconds to wait for a stuck kernel before killing it.").tag(config=True)
