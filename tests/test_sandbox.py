@@ -27,7 +27,7 @@ from course_support import REPO, load_module
 sandbox = load_module(REPO / "helpers/rlhf_lab/instructor/sandbox.py", "rlhf_lab_course_sandbox")
 kernel_guard = sandbox._kernel_guard  # the module the sandboxed manager extends
 
-pytestmark = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
+needs_bwrap = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
 
 ASSIGNMENT = "ppo_rlhf"  # a real assignment name, so the library build strips its functions
 NOTEBOOK = "01_losses"
@@ -117,6 +117,7 @@ def home_probe():
     path.unlink(missing_ok=True)
 
 
+@needs_bwrap
 def test_kernel_reaches_only_its_own_notebook_folder(course, home_probe):
     paths = {
         "gradebook": str(course / "gradebook.db"),
@@ -156,6 +157,7 @@ def test_kernel_reaches_only_its_own_notebook_folder(course, home_probe):
     assert os.stat(mine).st_uid == owner_before and os.stat(mine / "new_file.txt").st_uid == owner_before
 
 
+@needs_bwrap
 def test_no_network_a_private_tmp_and_no_course_secrets_in_the_environment(course, monkeypatch):
     name = f"rlhf-sandbox-{uuid.uuid4().hex}.txt"
     monkeypatch.setenv("RLHF_COURSE_DB", "postgresql://grader:secret@127.0.0.1/grades")
@@ -200,6 +202,7 @@ def _processes_with(token: str) -> list[int]:
     return found
 
 
+@needs_bwrap
 def test_nothing_the_kernel_starts_outlives_it(course):
     token = f"rlhf-orphan-{uuid.uuid4().hex}"
     sleeper = f"import time; time.sleep(600)  # {token}"
@@ -228,6 +231,7 @@ def test_nothing_the_kernel_starts_outlives_it(course):
     assert _processes_with(token) == []
 
 
+@needs_bwrap
 def test_a_fork_bomb_hits_the_process_limit_and_the_grader_survives(course):
     outs = run_cells(course, [
         "import os, time\nchildren = []\nerror = None\n"
@@ -251,6 +255,7 @@ def test_a_fork_bomb_hits_the_process_limit_and_the_grader_survives(course):
     assert stdout(outs[1]).strip() == "kernel still answers"
 
 
+@needs_bwrap
 def test_an_interrupt_at_the_timeout_stops_the_cell_not_the_sandbox(course):
     outs = run_cells(course, ["import time\ntime.sleep(60)", "print('next cell ran')"], timeout=3)
     assert any(o.get("output_type") == "error" for o in outs[0])
@@ -258,6 +263,7 @@ def test_an_interrupt_at_the_timeout_stops_the_cell_not_the_sandbox(course):
     assert stdout(outs[1]).strip() == "next cell ran"
 
 
+@needs_bwrap
 @pytest.mark.slow
 def test_a_kernel_that_ignores_the_interrupt_or_exits_is_stopped_alone(course):
     hung = run_cells(course, ["import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
@@ -276,6 +282,7 @@ def _source_of(name: str) -> str:
     return inspect.getsource(getattr(rlhf_lab.ppo, name))
 
 
+@needs_bwrap
 def test_the_library_build_lacks_the_notebooks_functions_and_keeps_the_rest(course):
     body_line = [line for line in _source_of("ppo_loss").splitlines() if "clip" in line][-1].strip()
     outs = run_cells(course, [
@@ -303,6 +310,7 @@ def test_the_library_build_lacks_the_notebooks_functions_and_keeps_the_rest(cour
                    "instructor": False, "judging": False, "source_on_disk": False, "writable": False}, res
 
 
+@needs_bwrap
 def test_a_later_notebook_keeps_what_its_given_code_uses(course):
     outs = run_cells(course, [
         "import rlhf_lab.ppo\n"
@@ -408,6 +416,7 @@ def _nbgrader_env(root: Path) -> dict:
     return env
 
 
+@needs_bwrap
 @pytest.mark.slow
 def test_nbgrader_autograde_of_a_toy_course_runs_in_the_sandbox(tmp_path):
     root = tmp_path / "toy_course"
