@@ -10,12 +10,8 @@ quick; the command-level exchange test (test_exchange.py) uses the real course.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
@@ -67,20 +63,6 @@ def build_course(root: Path) -> Path:
     return root
 
 
-@contextlib.contextmanager
-def _env(**values):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _text(page) -> str:
     return re.sub(r"\s+", " ", page.inner_text("body"))
 
@@ -121,24 +103,27 @@ def test_a_week_of_class_student_and_instructor_in_the_browser(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     ex = exchange.ensure_exchange(path=tmp_path / "exchange")
-    with _env(RLHF_EXCHANGE=str(ex), RLHF_STUDENT_ID=STUDENT):
-        exchange.release(TOY, root, "sqlite:///" + str(root / "gradebook.db"))
-        student_state = tmp_path / "student_state"
-        shutil.copytree(REPO / "jupyter" / "student", student_state / "config")  # the course's student config
-        with jupyter_lab(home, student_state, wait=False) as s_lab, \
-                jupyter_lab(root, tmp_path / "instructor_state", wait=False) as i_lab, \
-                chromium_page() as page:
-            s_lab.wait_ready()
-            i_lab.wait_ready()
-            page.set_default_timeout(60_000)
-            try:
-                _drive(page, s_lab, i_lab, root, home)
-            except BaseException:
-                _shot(page, "failure")
-                raise
+    exchange.release(TOY, root, "sqlite:///" + str(root / "gradebook.db"), ex)
+    # the student's server runs on the course's student config dir as it is in the repository
+    # (its own Jupyter data dir: nbgrader keeps each student's submission cache there)
+    student_env = {"RLHF_EXCHANGE": str(ex), "RLHF_STUDENT_ID": STUDENT,
+                   "JUPYTER_DATA_DIR": str(tmp_path / "student_data")}
+    with jupyter_lab(home, tmp_path / "student_state", wait=False, config_dir=REPO / "jupyter" / "student",
+                     extra_env=student_env) as s_lab, \
+            jupyter_lab(root, tmp_path / "instructor_state", wait=False,
+                        extra_env={"RLHF_EXCHANGE": str(ex), "RLHF_STUDENT_ID": None}) as i_lab, \
+            chromium_page() as page:
+        s_lab.wait_ready()
+        i_lab.wait_ready()
+        page.set_default_timeout(60_000)
+        try:
+            _drive(page, s_lab, i_lab, root, home, ex)
+        except BaseException:
+            _shot(page, "failure")
+            raise
 
 
-def _drive(page, s_lab, i_lab, root: Path, home: Path):
+def _drive(page, s_lab, i_lab, root: Path, home: Path, ex: Path):
     # ---- the student's JupyterLab: no instructor tools
     items = _student(page, s_lab, "open")
     assert "Assignment List" in items and "Course List" in items, items
@@ -173,8 +158,13 @@ def _drive(page, s_lab, i_lab, root: Path, home: Path):
     fetched.locator(".list_item", has_text=TOY).locator("button", has_text="Submit").first.click()
     submitted = page.locator("#submitted_assignments_list")
     submitted.locator(".list_item", has_text=TOY).first.wait_for(timeout=60_000)
-    assert [p.name.split("+")[0] for p in (Path(os.environ["RLHF_EXCHANGE"]) / "rlhf-ppo" / "inbound").iterdir()] \
-        == [STUDENT]
+    inbound = ex / "rlhf-ppo" / "inbound"
+    for _ in range(120):
+        if any(inbound.iterdir()):
+            break
+        page.wait_for_timeout(250)
+    assert [p.name.split("+")[0] for p in inbound.iterdir()] == [STUDENT]
+    assert "There are no submitted assignments" not in submitted.inner_text()
 
     # ---- the instructor in Formgrader: collect, autograde
     fg = f"{i_lab.base_url}/formgrader"
