@@ -261,6 +261,24 @@ def test_default_run_records(default_run):
     np.testing.assert_allclose(ev[:4], [r.gold[-1], r.proxy[-1], r.exact_score[-1], r.kl[-1]], rtol=1e-5, atol=1e-5)
 
 
+def test_trained_critic_approaches_the_exact_values(default_run):
+    """The critic's values on the prefixes the final policy visits match the exact V^pi."""
+    from rlhf_lab.sequences import exact
+
+    task, r = default_run
+    a = task.arrays
+    node, resp = exact.policy_tables(r.policy_params, a.prefix_features, LANG)
+    v_exact = np.asarray(exact.prefix_values(node, a.ref_node_logp, a.score, 0.05, LANG))
+    reach = np.exp(np.asarray(exact.reach_logp(node, LANG), np.float64))
+    w = reach / reach.sum()
+    critic = np.asarray(sq.value(r.value_params, a.prefix_features))
+    rmse = np.sqrt(np.sum(w * (critic - v_exact) ** 2))
+    spread = np.sqrt(np.sum(w * (v_exact - np.sum(w * v_exact)) ** 2))
+    assert rmse < 0.2 * spread, (rmse, spread)
+    # and V(empty prefix) is the exact objective of the final policy
+    np.testing.assert_allclose(v_exact[:, 0], exact.objective(resp, a.ref_resp_logp, a.score, 0.05), rtol=1e-4)
+
+
 @pytest.mark.slow
 def test_python_loop_is_the_same_algorithm():
     task = sq.default_task()
