@@ -172,3 +172,16 @@ def test_collect_brings_each_student_s_latest_work_into_submitted(loop):
     # the pre-flight of a real exchange submission has nothing to say about nbgrader's own files
     report = integrity.preflight(A, root, write=False)
     assert [f for f in report.findings if f.code == "extra-file"] == []
+
+
+def test_demo_refuses_a_system_exchange_before_touching_the_course(tmp_path, monkeypatch, capsys):
+    from rlhf_lab import demo
+
+    root = pipeline.copy_course(tmp_path / "c", REPO, include=("nbgrader_config.py", "examples"))
+    (root / "gradebook.db").write_text("an earlier run's gradebook")
+    monkeypatch.setenv("RLHF_COURSE_ROOT", str(root))
+    monkeypatch.setenv("RLHF_EXCHANGE", "/usr/share/rlhf-demo-exchange-test")
+    assert demo.main([]) == 2
+    assert "refusing to use the system folder /usr/share/rlhf-demo-exchange-test" in capsys.readouterr().err
+    assert not Path("/usr/share/rlhf-demo-exchange-test").exists()
+    assert (root / "gradebook.db").read_text() == "an earlier run's gradebook"  # nothing was cleaned

@@ -62,6 +62,12 @@ def main(argv=None) -> int:
         # inherited $RLHF_COURSE_DB / $RLHF_EXCHANGE, which may be the repository's)
         db_url = db_url or "sqlite:///" + str(root / "gradebook.db")
     ex_root = (root / "exchange") if args.workdir is not None else exchange.exchange_root(root)
+    try:  # before anything is cleaned or generated: a refused exchange changes nothing
+        # a system folder is used only when it already exists (an administrator made it the exchange)
+        exchange.ensure_exchange(path=ex_root, allow_system=ex_root.is_dir())
+    except exchange.ExchangeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     subs = (args.submissions or root / "examples" / "submissions").resolve()
     if not subs.is_dir():
         print(f"no submissions folder at {subs}: run tools/make_examples.py first", file=sys.stderr)
@@ -95,7 +101,11 @@ def main(argv=None) -> int:
               "(nbgrader db student import)")
         steps["roster"] = time.perf_counter() - t
         t = time.perf_counter()
-        problems = hand_in(subs, names, args.students, root, db_url, ex_root)
+        try:
+            problems = hand_in(subs, names, args.students, root, db_url, ex_root)
+        except exchange.ExchangeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         steps["exchange"] = time.perf_counter() - t
         for why in problems:
             print(f"  not submitted: {why}")
