@@ -24,6 +24,8 @@ from rlhf_lab.judging.core import GradingError, Jax, Key, LocalStudent, Source
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = core.library_reference()
+#: The checks of the two bandit assignments (the sequence assignment's checks have their own tests).
+BANDIT = sorted(n for n, c in CHECKS.items() if c.assignment in ("ppo_objective", "ppo_rlhf"))
 
 
 def _run(name, namespace, seed=0):
@@ -162,12 +164,16 @@ def test_every_test_cell_has_one_check_and_a_one_line_hidden_region():
     assert sorted(ids) == sorted(CHECKS)
 
 
-@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_the_bandit_assignments_have_their_28_checks():
+    assert len(BANDIT) == 28
+
+
+@pytest.mark.parametrize("name", BANDIT)
 def test_check_passes_a_correct_implementation(name):
     _run(name, CORRECT, seed=hash(name) % 1000)
 
 
-@pytest.mark.parametrize("name", sorted(CHECKS))
+@pytest.mark.parametrize("name", BANDIT)
 def test_check_fails_when_what_it_needs_is_missing(name):
     spec = CHECKS[name]
     missing = {k: v for k, v in CORRECT.items() if k not in spec.needs}
@@ -267,7 +273,14 @@ def test_hard_coded_recorded_numbers_fail_the_fresh_run():
         return RECORDED_RUN | {"final_logits": np.zeros(3)}
 
     _fails("test_recorded_numbers", _with(run_ppo=hard_coded), "fresh short run")
-    _fails("test_recorded_numbers", _with(run={**RECORDED_RUN, "kl": np.array([0.1, 0.2])}), "final KL")
+
+
+def test_the_loop_is_graded_with_the_graders_update_not_the_students():
+    def broken_update(logits, draw_key, rewards, ref_logp, **hyper):
+        raise ValueError("my rollout_update is still broken")
+
+    # run_ppo defaults to the student's (broken) rollout_update, but the check hands it the grader's
+    _run("test_recorded_numbers", _with(rollout_update=broken_update))
 
 
 def test_optimum_overflow_is_named():

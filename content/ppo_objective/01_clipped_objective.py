@@ -32,7 +32,7 @@
 # | `test_capped_pair` | 2 | autograded |
 # | `ex3_explanation` | 3 | graded by hand |
 #
-# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is.
+# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is, and do not delete, move or edit the locked cells (the grader restores them); your own extra cells are fine anywhere, and a harmless line above the first cell (a `%matplotlib` magic, say) is only listed for the instructor, it costs nothing.
 
 # %% nbgrader={"grade": false, "grade_id": "setup_grading", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from rlhf_lab import grading
@@ -97,7 +97,8 @@ def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):
     Args:
       ratio: probability ratios pi_new(a) / pi_old(a), scalar or array.
       advantage: advantages, broadcastable against ``ratio``.
-      epsilon: half-width of the trust region around ratio = 1 (held fixed).
+      epsilon: half-width of the clip band [1 - epsilon, 1 + epsilon] around ratio = 1 (held
+        fixed). The band is not a trust region: a sample outside it simply stops adding incentive.
       clip: whether to apply PPO's clip.
 
     Returns:
@@ -114,6 +115,12 @@ def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):
     ### END SOLUTION
 
 
+# %% [markdown]
+# **Predict.** Before running the table: in which of the five cases will the clipped and
+# unclipped objectives differ, and which way (up or down)? Write your guess here.
+#
+# *My prediction:*
+
 # %% nbgrader={"grade": true, "grade_id": "test_ppo_surrogate", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # test_ppo_surrogate: ppo_surrogate equals min(rho*A, clip(rho)*A) on fresh ratios, advantages and epsilon (both signs, below/inside/above the band, broadcasting)
 ### BEGIN HIDDEN TESTS
@@ -126,12 +133,6 @@ np.testing.assert_allclose(ppo_surrogate(CASE_RATIOS, CASE_ADVANTAGES),
                            [1.2, 1.05, -1.8, -0.8, 0.3], atol=1e-6)
 print("ppo_surrogate: visible checks passed")
 
-
-# %% [markdown]
-# **Predict.** Before running the table: in which of the five cases will the clipped and
-# unclipped objectives differ, and which way (up or down)? Write your guess here.
-#
-# *My prediction:*
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Task 2: the five-case table (3 points)
@@ -201,8 +202,8 @@ print("surrogate_table: visible checks passed")
 # it on.
 #
 # At the boundary ratio itself both terms are equal (the clip touches but does not bind), so
-# the *first* diverging grid ratio for $A = +1$ is 1.25, one step past 1.2. The boundary is
-# therefore defined as **the non-diverging grid ratio that sits next to a diverging one**.
+# the boundary is defined as **the non-diverging grid ratio that sits next to a diverging one**,
+# not the first diverging ratio.
 #
 # Implement `clip_boundary(epsilon, advantage, ratios=DEFAULT_RATIOS, surrogate=ppo_surrogate)`:
 #
@@ -210,9 +211,8 @@ print("surrogate_table: visible checks passed")
 # * compute `diverge` on the grid with the `surrogate` argument and `DIVERGE_TOL`;
 # * return, as a Python `float`, the grid ratio on the non-diverging side of the switch.
 #
-# On the default grid with $\varepsilon = 0.2$ this gives 1.2 for $A = +1$ (the boundary seen
-# from below, where the objective stops rising) and 0.8 for $A = -1$ (the diverging region
-# lies below it). The hidden tests use other $\varepsilon$, both advantage signs and grids
+# The visible test after the sweep checks the default grid with $\varepsilon = 0.2$ for both
+# signs of $A$ (make your prediction first). The hidden tests use other $\varepsilon$, both advantage signs and grids
 # that do not contain $1 \pm \varepsilon$ at all: the answer must come from the sweep, not
 # from the formula. The tolerance is what makes this safe on a float32 grid, where
 # 0.5 + 0.05·14 and 1 + 0.2 may differ in the last bit.
@@ -255,8 +255,9 @@ for advantage in (1.0, -1.0):
     gap = jnp.abs(ppo_surrogate(DEFAULT_RATIOS, advantage, EPSILON, clip=False)
                   - ppo_surrogate(DEFAULT_RATIOS, advantage, EPSILON))
     diverging = np.asarray(DEFAULT_RATIOS)[np.asarray(gap > DIVERGE_TOL)]
-    print(f"A={advantage:+.0f}: diverging grid ratios {diverging.min():.2f} .. {diverging.max():.2f}; "
-          f"boundary = {clip_boundary(EPSILON, advantage):.2f}")
+    span = (f"{diverging.min():.2f} .. {diverging.max():.2f}" if diverging.size
+            else "none (check ppo_surrogate: with clip=True it never differs from clip=False here)")
+    print(f"A={advantage:+.0f}: diverging grid ratios {span}; boundary = {clip_boundary(EPSILON, advantage):.2f}")
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
 for ax, advantage in zip(axes, (1.0, -1.0)):
@@ -265,7 +266,7 @@ for ax, advantage in zip(axes, (1.0, -1.0)):
             color="grey", label="unclipped ρA")
     ax.plot(DEFAULT_RATIOS, ppo_surrogate(DEFAULT_RATIOS, advantage, EPSILON), color="C0", lw=2,
             label="clipped (PPO)")
-    ax.axvspan(1 - EPSILON, 1 + EPSILON, color="C2", alpha=0.12, label="trust region [1-ε, 1+ε]")
+    ax.axvspan(1 - EPSILON, 1 + EPSILON, color="C2", alpha=0.12, label="clip band [1-ε, 1+ε]")
     boundary = clip_boundary(EPSILON, advantage)
     ax.axvline(boundary, color="C3", ls=":", label=f"boundary found by sweep: {boundary:.2f}")
     ax.set_title(f"advantage A = {advantage:+.0f}")

@@ -9,10 +9,11 @@
 # %% [markdown] nbgrader={"grade": false, "grade_id": "title", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # # PPO's objective, part 2: the KL penalty against a reference policy
 #
-# The clip limits one update. Many small updates in the same direction can still carry the
-# policy far from where it started, so RLHF adds a second brake: a penalty proportional to
-# the KL divergence between the current policy and a frozen **reference policy** (usually
-# the instruction-tuned model before RLHF began).
+# Notebook 1's clip only limits how much one batch can push the policy. Nothing in it stops a
+# long run of modest steps from adding up, batch after batch, to a policy that no longer looks
+# like the model training started from. RLHF therefore also charges the reward for distance:
+# it subtracts β times the KL divergence from the **reference policy**, a copy of the
+# starting model (in practice, the supervised fine-tuned one) that is frozen for the whole run.
 #
 # As before, write a guess in each **Predict** cell before running the experiment under it.
 
@@ -32,7 +33,7 @@
 # | `cyu_q4` | 1 | graded by hand |
 # | `cyu_q5` | 1 | graded by hand |
 #
-# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is.
+# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is, and do not delete, move or edit the locked cells (the grader restores them); your own extra cells are fine anywhere, and a harmless line above the first cell (a `%matplotlib` magic, say) is only listed for the instructor, it costs nothing.
 
 # %% nbgrader={"grade": false, "grade_id": "setup_grading", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from rlhf_lab import grading
@@ -92,6 +93,13 @@ def kl_divergence(logits_p, logits_q):
     ### END SOLUTION
 
 
+# %% [markdown]
+# **Predict.** Look at the three sets of logits. Roughly how large is the KL to the close
+# reference, and to the far one? With β = 0.1 and a raw reward of 1.0, how much reward does
+# each keep?
+#
+# *My prediction:*
+
 # %% nbgrader={"grade": true, "grade_id": "test_kl_divergence", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # test_kl_divergence: kl_divergence(logits_p, logits_q) equals the exact KL(p || q) on fresh logits, in log space (no underflow), 0 for p = q
 ### BEGIN HIDDEN TESTS
@@ -126,13 +134,6 @@ grading.judge("test_penalized_reward")
 np.testing.assert_allclose(penalized_reward(1.0, 0.1, 0.0072039), 0.99928, atol=1e-5)
 np.testing.assert_allclose(penalized_reward(1.0, 0.1, 1.9827589), 0.80172, atol=1e-5)
 print("penalized_reward: visible checks passed")
-
-# %% [markdown]
-# **Predict.** Look at the three sets of logits. Roughly how large is the KL to the close
-# reference, and to the far one? With β = 0.1 and a raw reward of 1.0, how much reward does
-# each keep?
-#
-# *My prediction:*
 
 # %% nbgrader={"grade": false, "grade_id": "show_kl", "locked": true, "schema_version": 3, "solution": false, "task": false}
 kl_close = float(kl_divergence(LOGITS_POLICY, LOGITS_REF_CLOSE))
@@ -262,11 +263,12 @@ print("beta_sweep: visible checks passed")
 # %% [markdown] nbgrader={"grade": false, "grade_id": "challenge_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Independent challenge (4 points, graded by hand)
 #
-# A teammate says: *"PPO's clipping means the policy can never make a large change even when a
-# large change is warranted, so RLHF with PPO is fundamentally too conservative to work."*
+# Someone on your team argues that because the clip caps every update, a PPO-trained policy
+# can never move far, not even when the data say it should, and so RLHF with PPO cannot
+# work in practice.
 #
-# Evaluate the claim using the clipped-objective behaviour you verified in notebook 1 (quote
-# the numbers). Is it right, partly right, or wrong, and why?
+# Judge that argument with what you measured in notebook 1 (quote your own numbers): is it
+# right, partly right or wrong, and why?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "challenge_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -308,8 +310,9 @@ print("beta_sweep: visible checks passed")
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q2", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
 # **Rubric (1 point).** Full credit: objective = min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A); epsilon is the
-# half-width of the trust region around ratio = 1 (no change); with epsilon = 0.2 the ratio
-# is clipped to [0.8, 1.2] inside the clipped term before multiplying by the advantage.
+# half-width of the clip band around ratio = 1 (no change); with epsilon = 0.2 the ratio
+# is clipped to [0.8, 1.2] inside the clipped term before multiplying by the advantage (a band
+# where the incentive stops, not a trust region: nothing forbids a ratio outside it).
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cyu_q3_text", "locked": true, "schema_version": 3, "solution": false, "task": false}

@@ -28,7 +28,7 @@
 # | `test_loop` | 2 | autograded |
 # | `test_recorded_numbers` | 3 | autograded |
 #
-# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is.
+# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is, and do not delete, move or edit the locked cells (the grader restores them); your own extra cells are fine anywhere, and a harmless line above the first cell (a `%matplotlib` magic, say) is only listed for the instructor, it costs nothing.
 
 # %% nbgrader={"grade": false, "grade_id": "grading_start", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from rlhf_lab import grading
@@ -63,7 +63,10 @@ ppo_step = jax.jit(jax.value_and_grad(ppo_loss))         # (loss, d loss / d log
 # 5. return the new logits.
 #
 # Nothing in steps 1 to 3 is recomputed inside the inner loop, and the KL is always
-# measured against `ref_logp`.
+# measured against `ref_logp`. The given functions take log-probabilities, in this order:
+# `ppo_step(logits, old_logp, actions, advantages, ref_logp, beta, epsilon)` returns
+# `(loss, gradient w.r.t. logits)`; later you record `expected_reward(logp, rewards)` and
+# `categorical_kl(logp, ref_logp)` (KL of the policy `logp` from the reference `ref_logp`).
 
 # %% nbgrader={"grade": false, "grade_id": "rollout_update_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def rollout_update(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
@@ -139,7 +142,9 @@ print("KL against the reference: visible checks passed")
 # ## 2. The loop
 #
 # Write `run_ppo(rewards, init_logits, *, iterations=40, batch_size=128, epochs=3, beta=0.2,
-# epsilon=0.2, learning_rate=0.15, seed=11, update=rollout_update)`:
+# epsilon=0.2, learning_rate=0.15, seed=11, update=None)` (`update=None` means your current
+# `rollout_update`, looked up each time `run_ppo` runs: fixing `rollout_update` and re-running
+# its cell is enough):
 #
 # * the reference is `log_softmax(init_logits)`, computed once;
 # * start from `key = jax.random.key(seed)`; before each rollout split it,
@@ -150,12 +155,15 @@ print("KL against the reference: visible checks passed")
 #
 # Return a dict with `reward` `[T]`, `kl` `[T]`, `probs` `[T, n]`, `final_logits` `[n]`,
 # `ref_logp` `[n]` and `initial_reward` (the reference's expected reward). The `update`
-# argument lets the grader test the loop on its own.
+# argument lets the grader test the loop on its own, with its own rollout update: a mistake in
+# `rollout_update` costs only the rollout tests. Use `expected_reward(logp, rewards)` and
+# `categorical_kl(logp, ref_logp)` with log-probabilities, in that argument order.
 
 # %% nbgrader={"grade": false, "grade_id": "run_ppo_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def run_ppo(rewards, init_logits, *, iterations=40, batch_size=128, epochs=3, beta=0.2, epsilon=0.2,
-            learning_rate=0.15, seed=11, update=rollout_update):
+            learning_rate=0.15, seed=11, update=None):
     """The lesson's PPO run: `iterations` rollouts, fixed reference, exact reward and KL per rollout."""
+    update = rollout_update if update is None else update  # looked up now, not when the cell ran
     ### BEGIN SOLUTION
     logits = jnp.asarray(init_logits, jnp.float32)
     ref_logp = jax.nn.log_softmax(logits)
@@ -211,7 +219,7 @@ assert abs(run["reward"][-1] - 1.9185448) < 1e-5, f"final reward {run['reward'][
 assert abs(run["kl"][-1] - 0.7824773) < 1e-5, f"final KL {run['kl'][-1]}, expected 0.7824773"
 
 # %% nbgrader={"grade": false, "grade_id": "plot_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
-view = SimpleNamespace(clip_frac=np.zeros(len(run["reward"])), **run)  # clip_frac is not plotted
+view = SimpleNamespace(**{"clip_frac": np.zeros(len(run["reward"])), **run})  # clip_frac is not plotted
 fig = three_panel_figure(view, rewards, beta=0.2)
 plt.show()
 

@@ -31,7 +31,7 @@
 # | `understanding_a1` | 2 | graded by hand |
 # | `understanding_a2` | 2 | graded by hand |
 #
-# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is.
+# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is, and do not delete, move or edit the locked cells (the grader restores them); your own extra cells are fine anywhere, and a harmless line above the first cell (a `%matplotlib` magic, say) is only listed for the instructor, it costs nothing.
 
 # %% nbgrader={"grade": false, "grade_id": "grading_start", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from rlhf_lab import grading
@@ -328,13 +328,19 @@ grading.judge("test_optimum_bound")
 ### END HIDDEN TESTS
 assert objective_optimum >= objective_trained - 1e-5 and objective_optimum >= objective_reference - 1e-5, (
     "the optimum's regularised objective must be >= the trained and the reference policy's")
+# the lesson's recorded values: reference 0.28191882, trained 1.7620493, optimum 1.7987912
+np.testing.assert_allclose([objective_reference, objective_trained, objective_optimum],
+                           [0.28191882, 1.7620493, 1.7987912], atol=1e-5,
+                           err_msg="regularised objective of the reference / trained / optimum policy (beta = 0.2)")
+print("optimum bound: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 6. Diagnose the result
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # A classmate's run prints ratios that are exactly 1.0 on every inner step, a clip fraction
-# of 0 throughout, and a reward curve that still rises. In a second project the learned
+# (the share of a batch's samples whose ratio lies outside $[1-\varepsilon, 1+\varepsilon]$, where
+# the clip removes the incentive) of 0 throughout, and a reward curve that still rises. In a second project the learned
 # reward keeps rising while an independent human evaluation gets worse. For each case,
 # say what you suspect and one concrete check you would run to confirm it (2 points).
 

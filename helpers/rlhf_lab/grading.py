@@ -225,12 +225,15 @@ def start() -> None:
                                                      if k not in _SKIP_ATTRS})
     state.own["reference"] = _id(state.reference)
     # the hidden tests' checks (rlhf_lab.judging), a private copy too
-    judging = _load_private_package("judging", "_rlhf_trusted_judging")
-    state.judging = judging["_rlhf_trusted_judging"]
-    for name, module in judging.items():  # (not forbidden: it is the grader's own code, never the student's)
-        namespace = vars(module)
-        state.private_globals[name] = (namespace, {k: _id(v) for k, v in namespace.items() if k not in _SKIP_ATTRS})
-    state.check_ids = {name: _fingerprint(spec.run) for name, spec in state.judging.CHECKS.items()}
+    # (absent from the library build a sandboxed grading kernel sees: there the judge decides outside)
+    if Path(__file__).with_name("judging").is_dir():
+        judging = _load_private_package("judging", "_rlhf_trusted_judging")
+        state.judging = judging["_rlhf_trusted_judging"]
+        for name, module in judging.items():  # (not forbidden: it is the grader's own code, never the student's)
+            namespace = vars(module)
+            state.private_globals[name] = (namespace, {k: _id(v) for k, v in namespace.items()
+                                                       if k not in _SKIP_ATTRS})
+        state.check_ids = {name: _fingerprint(spec.run) for name, spec in state.judging.CHECKS.items()}
     for fn, label in ((_threading.setprofile, "threading.setprofile"), (_threading.settrace, "threading.settrace")):
         code = _getattr(fn, "__code__", None)
         if code is not None:
@@ -350,7 +353,10 @@ SEEDS: dict[str, int] = {}
 
 def _core():
     """The private copy of :mod:`rlhf_lab.judging.core` loaded by :func:`start` (it decides every comparison)."""
-    return _state().judging.core
+    state = _state()
+    if state.judging is None:
+        raise GradingError("grading primitives are not available in this kernel (the grader decides outside it)")
+    return state.judging.core
 
 
 def _decided(fn, *args, **kwargs):
@@ -721,6 +727,9 @@ def judge(name: str) -> None:
     """
     untampered()
     state = _state()
+    if state.judging is None:
+        raise GradingError("the hidden tests are decided by the grader, outside this kernel (this kernel's "
+                           "course library has no checks)")
     spec = state.judging.CHECKS.get(name)
     if spec is None:
         raise GradingError(f"no check is registered for the test cell {name!r} (course library out of date?)")

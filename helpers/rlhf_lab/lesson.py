@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .ppo import optimal_logp, ppo_loss, regularised_objective
+from .ppo import categorical_kl, exact_advantages, expected_reward, optimal_logp, ppo_loss, regularised_objective
 from .trainer import PPOConfig, TrainResult, lesson_rewards, train
 
 #: The numbers of the lesson's recorded reference execution (JAX 0.9.2, CPU, float32).
@@ -46,30 +46,38 @@ def run_lesson(config: PPOConfig = PPOConfig()) -> tuple[TrainResult, dict]:
 
 
 def seed_style_train(config: PPOConfig = PPOConfig(), rewards=None) -> dict:
-    """The lesson's original Python-level loop: one jitted ``value_and_grad`` call per inner step.
+    """The compiled trainer's algorithm as a plain Python loop, one jitted gradient step per inner update.
 
-    Kept only as a correctness cross-check and as the benchmark baseline for the compiled trainer.
-    Returns per-rollout exact reward and KL lists and the final logits.
+    The benchmark's baseline for :func:`rlhf_lab.trainer.train` and a cross-check of it: the same
+    rollouts (one fresh subkey per rollout, behaviour log-probabilities and exact-baseline advantages
+    frozen per batch, ``epochs`` gradient steps against the fixed reference), driven from Python.
+    Returns ``{"reward": [T], "kl": [T], "final_logits": [n]}`` (exact values after each rollout).
     """
     rewards = lesson_rewards() if rewards is None else jnp.asarray(rewards, jnp.float32)
-    theta = jnp.asarray(config.init_logits, jnp.float32)
-    ref_logp = jax.nn.log_softmax(theta)
-    step = _seed_step()
+    logits = jnp.asarray(config.init_logits, jnp.float32)
+    ref_logp = jax.nn.log_softmax(logits)
+    grad_step = _seed_step()
     key = jax.random.key(config.seed)
-    reward_hist, kl_hist = [], []
+    history = {"reward": [], "kl": []}
     for _ in range(config.iterations):
-        old_logp_all = jax.nn.log_softmax(theta)
         key, draw = jax.random.split(key)
-        actions = jax.random.categorical(draw, old_logp_all, shape=(config.batch_size,))
-        old_logp = old_logp_all[actions]
-        advantages = rewards[actions] - jnp.sum(jnp.exp(old_logp_all) * rewards)
-        for _ in range(config.epochs):
-            _, g = step(theta, old_logp, actions, advantages, ref_logp, config.beta, config.epsilon)
-            theta = theta - config.learning_rate * g
-        logp = jax.nn.log_softmax(theta)
-        reward_hist.append(float(jnp.sum(jnp.exp(logp) * rewards)))
-        kl_hist.append(float(jnp.sum(jnp.exp(logp) * (logp - ref_logp))))
-    return {"reward": reward_hist, "kl": kl_hist, "final_logits": theta}
+        logits = _python_rollout(logits, draw, rewards, ref_logp, config, grad_step)
+        logp = jax.nn.log_softmax(logits)
+        history["reward"].append(float(expected_reward(logp, rewards)))
+        history["kl"].append(float(categorical_kl(logp, ref_logp)))
+    return {**history, "final_logits": logits}
+
+
+def _python_rollout(logits, draw, rewards, ref_logp, config: PPOConfig, grad_step):
+    """One batch: sample from the current policy, freeze what the batch needs, take ``epochs`` steps."""
+    behaviour_logp = jax.nn.log_softmax(logits)
+    actions = jax.random.categorical(draw, behaviour_logp, shape=(config.batch_size,))
+    old_logp = behaviour_logp[actions]
+    advantages = exact_advantages(actions, rewards, behaviour_logp)
+    for _ in range(config.epochs):
+        _, grad = grad_step(logits, old_logp, actions, advantages, ref_logp, config.beta, config.epsilon)
+        logits = logits - config.learning_rate * grad
+    return logits
 
 
 _STEP = None

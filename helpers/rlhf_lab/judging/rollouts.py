@@ -137,11 +137,37 @@ def loop(student, rng, ref):
           "initial_reward (expected reward of the reference)", rtol=1e-5, atol=1e-6)
 
 
-@register("test_recorded_numbers", task="run_ppo", needs=("run", "run_ppo"), forbid=LOOP_FORBID,
+#: The grader's own rollout update, handed to the student's run_ppo so that the loop is graded on its
+#: own: a mistake in rollout_update costs the rollout tests, not these points as well.
+TRUSTED_UPDATE = Source('''
+def trusted_update(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon, learning_rate):
+    from rlhf_lab import ppo_loss
+    grad = trusted_update.__dict__.get("grad")
+    if grad is None:
+        grad = trusted_update.__dict__["grad"] = jax.jit(jax.grad(ppo_loss))
+    logits = jnp.asarray(logits, jnp.float32)
+    rewards = jnp.asarray(rewards, jnp.float32)
+    ref_logp = jnp.asarray(ref_logp, jnp.float32)
+    behaviour_logp = jax.nn.log_softmax(logits)
+    actions = jax.random.categorical(draw_key, behaviour_logp, shape=(batch_size,))
+    old_logp = behaviour_logp[actions]
+    advantages = rewards[actions] - jnp.sum(jnp.exp(behaviour_logp) * rewards)
+    for _ in range(epochs):
+        logits = logits - learning_rate * grad(logits, old_logp, actions, advantages, ref_logp, beta, epsilon)
+    return logits
+''', "trusted_update")
+
+LESSON_INIT = np.array([0.2, 0.0, -0.2], np.float32)
+
+
+@register("test_recorded_numbers", task="run_ppo", needs=("run_ppo",), forbid=LOOP_FORBID,
           assignment=A, notebook=NB)
 def recorded_numbers(student, rng, ref):
-    """The notebook's run reproduces the recorded numbers, and a fresh short run of the pipeline matches."""
-    run = student.value("run")
+    """run_ppo with the grader's rollout update reproduces the recorded run, and a fresh short run matches."""
+    from rlhf_lab.trainer import lesson_rewards
+
+    run = student.call("run_ppo", Jax(np.asarray(lesson_rewards(), np.float32)), LESSON_INIT,
+                       update=TRUSTED_UPDATE)
     close(field(run, "initial_reward", "run"), RECORDED["initial_reward"], "initial expected reward",
           rtol=0.0, atol=1e-5)
     close(to_float(field(run, "reward", "run"), "run['reward']")[-1], RECORDED["final_reward"],
@@ -154,7 +180,7 @@ def recorded_numbers(student, rng, ref):
     hyper = dict(batch_size=32, epochs=2, beta=float(rng.uniform(0.1, 0.4)),
                  epsilon=float(rng.uniform(0.1, 0.3)), learning_rate=float(rng.uniform(0.1, 0.5)))
     seed = int(rng.integers(0, 2**31 - 1))
-    out = student.call("run_ppo", Jax(rewards), init, iterations=3, seed=seed, **hyper)
+    out = student.call("run_ppo", Jax(rewards), init, iterations=3, seed=seed, update=TRUSTED_UPDATE, **hyper)
     want_reward, want_kl, want_logits = trusted_run(ref, rewards, init, iterations=3, seed=seed, **hyper)
     close(field(out, "reward", "run_ppo"), want_reward, "expected reward per rollout on a fresh short run",
           rtol=1e-4, atol=1e-5, hint="compute the run; do not return recorded numbers")
