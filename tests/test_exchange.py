@@ -185,3 +185,8 @@ def test_demo_refuses_a_system_exchange_before_touching_the_course(tmp_path, mon
     assert "refusing to use the system folder /usr/share/rlhf-demo-exchange-test" in capsys.readouterr().err
     assert not Path("/usr/share/rlhf-demo-exchange-test").exists()
     assert (root / "gradebook.db").read_text() == "an earlier run's gradebook"  # nothing was cleaned
+
+
+def test_grading_what_collect_brought_never_starts_by_deleting_it():
+    with pytest.raises(ValueError, match="would delete what nbgrader collect put in submitted/"):
+        pipeline.run_class(None, root=REPO, fresh=True)

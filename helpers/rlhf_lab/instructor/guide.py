@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import re
 import sys
-from pathlib import Path
 
 import nbformat
 

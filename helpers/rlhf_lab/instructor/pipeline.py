@@ -865,6 +865,9 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     """
     from . import integrity  # [trust] pre-flight checks and overrides around autograde
 
+    if submissions_dir is None and fresh:
+        raise ValueError("run_class(None, fresh=True) would delete what nbgrader collect put in submitted/; "
+                         "pass fresh=False to grade the collected submissions")
     root = course_root(root)
     db_url = db_url or default_db_url(root)
     check_config(root, db_url)
