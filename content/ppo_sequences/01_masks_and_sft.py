@@ -40,9 +40,10 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
-from rlhf_lab.sequences import DEFAULT_LANGUAGE, decode
+import rlhf_lab.sequences as sq
 
-LANG = DEFAULT_LANGUAGE
+LANG = sq.DEFAULT_LANGUAGE
+decode = sq.decode                      # readable text of one response
 EOS, PAD = LANG.eos, LANG.pad          # 5 and 6: two different ids
 # four padded responses: "b <eos>", "<eos>" alone, a truncated one, "a c c <eos>"
 examples = jnp.array([[1, EOS, PAD, PAD, PAD, PAD],

@@ -40,14 +40,18 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
-from rlhf_lab.sequences import (DEFAULT_LANGUAGE, SeqPPOConfig, best_of_n_summary, context_features, decode,
-                                default_task, per_token_rewards, placement_gradients, policy_loss,
-                                response_mask, sample_responses, token_logp, train)
-from rlhf_lab.sequences.task import optimum_summary
+import rlhf_lab.sequences as sq
 
-LANG = DEFAULT_LANGUAGE
+# the library's trusted pieces used below
+(SeqPPOConfig, best_of_n_summary, context_features, decode, per_token_rewards, placement_gradients, policy_loss,
+ response_mask, sample_responses, token_logp, train) = (
+    sq.SeqPPOConfig, sq.best_of_n_summary, sq.context_features, sq.decode, sq.per_token_rewards,
+    sq.placement_gradients, sq.policy_loss, sq.response_mask, sq.sample_responses, sq.token_logp, sq.train)
+optimum_summary = sq.task.optimum_summary
+
+LANG = sq.DEFAULT_LANGUAGE
 EOS, PAD = LANG.eos, LANG.pad
-task = default_task()                      # reference, proxy and gold reward (seed 0)
+task = sq.default_task()                   # reference, proxy and gold reward (seed 0)
 ref_params = task.arrays.ref_params        # the frozen SFT reference: a dict of arrays
 print("policy parameters:", {k: v.shape for k, v in ref_params.items()})
 
@@ -363,10 +367,8 @@ import os
 if os.environ.get("NBGRADER_EXECUTION"):
     print("GRPO and DPO runs are skipped while autograding.")
 else:
-    from rlhf_lab.sequences import GRPOConfig, train_dpo, train_grpo
-
-    grpo = train_grpo(task, GRPOConfig(iterations=60))
-    dpo = train_dpo(task, beta=0.1, steps=200, eval_every=20)
+    grpo = sq.train_grpo(task, sq.GRPOConfig(iterations=60))
+    dpo = sq.train_dpo(task, beta=0.1, steps=200, eval_every=20)
     for name, res in (("GRPO", grpo), ("DPO", dpo)):
         print(f"{name}: final gold {float(res.gold[-1]):.3f}, proxy {float(res.proxy[-1]):.3f}, "
               f"KL {float(res.kl[-1]):.3f} nats")
@@ -427,10 +429,10 @@ else:
 # %% [markdown] nbgrader={"grade": false, "grade_id": "explorer_intro_seq", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 8. Explorer (not graded)
 #
-# Move beta and epsilon: each change trains a fresh 60-iteration run (the compiled program is
-# reused, so it takes about a second) and shows the exact gold reward, proxy reward and KL over
-# training, and the most likely responses of the trained policy for prompt 0 with their
-# probabilities. Skipped during autograding.
+# Move the beta and epsilon sliders: each move re-runs the compiled PPO run of `train` (no new
+# compile) and redraws the exact gold reward, proxy reward and KL over training, beside the KL of
+# $\pi^*_\beta$, and the most likely responses of the trained policy with their probabilities.
+# Skipped during autograding.
 
 # %% nbgrader={"grade": false, "grade_id": "explorer_seq", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import os
@@ -439,29 +441,11 @@ if os.environ.get("NBGRADER_EXECUTION"):
     print("The explorer is skipped while autograding.")
 else:
     try:
-        from ipywidgets import FloatLogSlider, FloatSlider, interact
-        from rlhf_lab.sequences import exact, prefix_tree
+        import rlhf_lab.sequences.explorer as seq_explorer
     except ImportError as err:
-        print(f"The explorer needs ipywidgets: {err}")
+        print(f"The explorer is not available in this installation: {err}")
     else:
-        _tree = prefix_tree(LANG)
-
-        def explore(beta=0.05, epsilon=0.2):
-            res = train(task, SeqPPOConfig(iterations=60, batch_size=64, minibatch_size=16, eval_every=10,
-                                           beta=beta, epsilon=epsilon))
-            fig, ax = plt.subplots(figsize=(6, 3.2))
-            ax.plot(res.eval_iteration, res.proxy, marker="o", label="proxy")
-            ax.plot(res.eval_iteration, res.gold, marker="o", label="gold")
-            ax.plot(res.eval_iteration, res.kl, marker="o", label="KL (nats)")
-            ax.set_xlabel("PPO iteration")
-            ax.set_ylabel("exact reward (reward units) / KL (nats)")
-            ax.set_title(f"beta = {beta:.3g}, epsilon = {epsilon:.2f}")
-            ax.legend(fontsize="small")
-            plt.show()
-            _, resp = exact.policy_tables(res.policy_params, task.arrays.prefix_features, LANG)
-            probs = np.exp(np.asarray(resp[0], np.float64))
-            for j in np.argsort(-probs)[:5]:
-                print(f"{probs[j]:.3f}  {decode(LANG, _tree.response_tokens[j])}")
-
-        interact(explore, beta=FloatLogSlider(value=0.05, base=10, min=-2, max=0, step=0.1),
-                 epsilon=FloatSlider(value=0.2, min=0.05, max=0.5, step=0.05))
+        try:
+            seq_explorer.SequenceExplorer(task, config).show()
+        except Exception as err:  # the explorer is optional: never break the notebook
+            print(f"The explorer could not start: {type(err).__name__}: {err}")
