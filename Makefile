@@ -36,6 +36,8 @@ bench: venv
 	$(RUN) $(PY) bench/bench_explorer.py
 	$(RUN) $(PY) bench/bench_pipeline.py
 	$(RUN) $(PY) bench/bench_parallel.py
+	$(RUN) $(PY) bench/bench_sequences.py
+	$(RUN) $(PY) bench/bench_judge.py
 
 ## Authoring: the notebooks in source/ are what instructors edit (in JupyterLab: `make lab`).
 ## Each is paired with a py:percent text file under content/ (jupytext.toml); `make lint` checks the
@@ -99,3 +101,19 @@ check-guides: venv
 student-lab: venv
 	mkdir -p "$(STUDENT_HOME)"
 	cd "$(STUDENT_HOME)" && JUPYTER_CONFIG_DIR="$(CURDIR)/jupyter/student" $(RUN) $(VENV)/bin/jupyter lab --port=$(LAB_PORT) --ServerApp.root_dir="$(STUDENT_HOME)"
+
+## make bench-peer: our sequence-level PPO beside a PyTorch peer (TRL's PPO trainer tried first) on the
+## same task; optional, not in CI. Ours runs from .venv, the peer from its own .venv-peer (pins in
+## bench/requirements-peer.txt), rebuilt only when missing or when the pins' hash changed.
+PEER_VENV := $(CURDIR)/.venv-peer
+.PHONY: bench-peer
+bench-peer: venv
+	@want=$$(sha256sum bench/requirements-peer.txt | cut -d' ' -f1); \
+	have=$$(cat "$(PEER_VENV)/.pins-sha256" 2>/dev/null || true); \
+	if [ ! -x "$(PEER_VENV)/bin/python" ] || [ "$$want" != "$$have" ]; then \
+	  echo "bench-peer: building .venv-peer from bench/requirements-peer.txt" >&2; \
+	  [ -x "$(PEER_VENV)/bin/python" ] || $${PYTHON:-python3} -m venv "$(PEER_VENV)" || exit 1; \
+	  "$(PEER_VENV)/bin/python" -m pip install --quiet -r bench/requirements-peer.txt || exit 1; \
+	  echo "$$want" > "$(PEER_VENV)/.pins-sha256"; \
+	fi
+	$(RUN) $(PY) bench/bench_peer.py --peer-python "$(PEER_VENV)/bin/python"
