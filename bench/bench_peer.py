@@ -28,6 +28,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -280,6 +281,7 @@ def main(argv=None) -> int:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(text)
     print(f"wrote {OUT.relative_to(ROOT)}")
+    shutil.rmtree(work, ignore_errors=True)  # the exported task, the peers' records and TRL's output dir
     return 0
 
 
