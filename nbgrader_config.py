@@ -143,15 +143,32 @@ _kernel_guard = _course_module("kernel_guard.py", "rlhf_lab_course_kernel_guard"
 # only its notebook folder writable, the notebook's library build read-only. Without bwrap grading
 # refuses; RLHF_NO_SANDBOX=1 grades unprotected, with a warning.
 _sandbox = _course_module("sandbox.py", "rlhf_lab_course_sandbox")
-c.Execute.kernel_manager_class = _sandbox.SandboxedKernelManager
+# (autograding only: the judged Execute below passes this manager explicitly; `nbgrader validate` of a
+# student's own notebook, or of the instructor's source, runs unsandboxed as nbgrader always did)
 c.SandboxedKernelManager.course_root = _root
 # Each kernel gets a private, verified copy of its assignment's trusted JAX compilation cache (built
 # from the source notebooks by `python -m rlhf_lab.instructor.compile_cache`, which the pipeline runs
 # before autograding); RLHF_COMPILE_CACHE=0 switches it off. See rlhf_lab/instructor/compile_cache.py.
 if os.environ.get("RLHF_COMPILE_CACHE", "1") != "0":
     c.LimitedKernelManager.compile_cache_root = _root
+# Hidden tests are decided by the judge, in this process (rlhf_lab/instructor/judge.py): a test cell
+# whose hidden region is grading.judge("<grade_id>") is not run in the kernel; the check registered
+# under that grade id draws fresh inputs here, asks the kernel for the outputs of the student's
+# functions (plain data only), computes the expected values with this process's library and sets
+# the cell's outputs to the verdict. Every way of autograding (nbgrader autograde, Formgrader's
+# button, the course's commands, Dask) reads this file, so every one of them grades this way.
+_judge = _course_module("judge.py", "rlhf_lab_course_judge")
+
+
+def _sandboxed_init(self, *args, **kwargs):
+    kwargs.setdefault("kernel_manager_class", _sandbox.SandboxedKernelManager)
+    _kernel_guard.Execute.__init__(self, *args, **kwargs)
+
+
+_JudgedExecute = type("Execute", (_judge.JudgeCells, _kernel_guard.Execute),
+                      {"__module__": _kernel_guard.__name__, "__init__": _sandboxed_init})
 c.Autograde.autograde_preprocessors = [
-    _kernel_guard.Execute if p is Execute else p for p in c.Autograde.autograde_preprocessors
+    _JudgedExecute if p is Execute else p for p in c.Autograde.autograde_preprocessors
 ]
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import GetGrades  # noqa: E402

@@ -284,8 +284,9 @@ def test_nbgrader_config_wires_the_kernel_guard_and_the_feedback_filter():
     first = cfg.Autograde.autograde_preprocessors[0]
     assert first.__name__ == "Execute" and issubclass(first, kernel_guard._NbgraderExecute)
     assert first.__module__ != "nbgrader.preprocessors.execute"  # the guarded drop-in, not nbgrader's own
+    assert "JudgeCells" in [k.__name__ for k in first.mro()]  # hidden tests are decided by the judge
     names = [p.__name__ for p in cfg.GenerateFeedback.preprocessors]
-    assert names == ["GetGrades", "HideHiddenTests", "CSSHTMLHeaderPreprocessor"]
+    assert names[:3] == ["GetGrades", "HideHiddenTests", "CSSHTMLHeaderPreprocessor"]
     assert pipeline.check_config(REPO)["autograde_preprocessors"][0] == "Execute"
 
 

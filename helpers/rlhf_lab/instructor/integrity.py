@@ -60,6 +60,12 @@ student folder nbgrader cannot address     block  not graded (nbgrader globs the
 (``*?[]``, leading dot)
 =========================================  =====  =============================================
 
+Since hidden tests are decided outside the kernel by the judge and kernels run in a sandbox, the
+rows about what code does inside the kernel or about cells nbgrader restores (rebinding names,
+grading detection, blocked calls and imports, shell magics, code before the first cell, an edited
+locked test or first cell, reordered cells: :data:`KERNEL_ONLY`) are *warnings* that withhold
+nothing: they can no longer change a grade. Grading with ``RLHF_NO_SANDBOX=1`` keeps them blocking.
+
 A withheld cell gets ``manual_score = 0`` in the gradebook (nbgrader's own override; the
 autograder's ``auto_score`` is kept, so an instructor who clears the override in formgrader
 restores it), its notebook is ``flagged`` and the reason is written as a comment on the
@@ -95,6 +101,34 @@ OUTPUT_DIR = "integrity"
 #: nbgrader's, not extra files of the student (small text files only; anything larger is an extra).
 NBGRADER_EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
 QUARANTINE = "integrity/quarantine"
+#: Findings about what a student's code would do inside its kernel, or about cells nbgrader restores.
+#: Hidden tests are decided by the judge outside the kernel (rlhf_lab.instructor.judge) from the
+#: outputs of the student's functions, and kernels run in a sandbox without the gradebook, the course
+#: files or the network (rlhf_lab.instructor.sandbox), so none of these can change a grade: they are
+#: reported for review and withhold nothing. Grading without the sandbox (RLHF_NO_SANDBOX=1) keeps
+#: them blocking, because there the kernel can reach the course's files.
+KERNEL_ONLY = frozenset({
+    "tamper-attribute", "rebind-builtin", "fake-dunder", "grading-detection", "blocked-call", "blocked-import",
+    "grader-access", "shell", "magic", "magic-cell", "code-before-start", "edited-start", "edited-test",
+    "reordered",
+})
+KERNEL_ONLY_NOTE = "(changes no grade: the judge decides outside the kernel; listed for review)"
+
+
+def judged_policy(findings: list, sandboxed: bool | None = None) -> list:
+    """``findings`` with every :data:`KERNEL_ONLY` finding turned into a warning that withholds nothing."""
+    if sandboxed is None:
+        sandboxed = os.environ.get("RLHF_NO_SANDBOX", "") in ("", "0")
+    if not sandboxed:
+        return findings
+    out = []
+    for f in findings:
+        if f.code in KERNEL_ONLY and f.severity == BLOCK:
+            message = f.message.replace(", so the notebook is withheld for review", "").replace(
+                " and are withheld for review", "").replace("; points withheld for review", "")
+            f = dataclasses.replace(f, severity=WARN, withhold=(), message=f"{message} {KERNEL_ONLY_NOTE}")
+        out.append(f)
+    return out
 REPORT_TEMPLATE = "integrity/{assignment}.json"
 COMMENT_TAG = "[integrity]"
 
@@ -1015,6 +1049,10 @@ class _Checker:
 
     # -- one notebook -------------------------------------------------------------------------
     def check_notebook(self, student: str, name: str, nb) -> list[Finding]:
+        """Every finding of one submitted notebook, under the judged policy (:func:`judged_policy`)."""
+        return judged_policy(self._check_notebook(student, name, nb))
+
+    def _check_notebook(self, student: str, name: str, nb) -> list[Finding]:
         spec: NotebookSpec = self.specs[name]
         out: list[Finding] = []
 

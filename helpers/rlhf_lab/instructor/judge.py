@@ -170,6 +170,12 @@ def _reference():
     return _REFERENCE[0]
 
 
+def judge_enabled() -> bool:
+    """False only with ``RLHF_JUDGE=0``: the benchmark's baseline, where the same checks run inside the
+    kernel (``grading.judge`` with its private copy of the checks), as they did before the judge."""
+    return os.environ.get("RLHF_JUDGE", "1") != "0"
+
+
 class JudgeCells:
     """Mixin for nbgrader's ``Execute``: judged test cells are decided here, not run in the kernel.
 
@@ -181,9 +187,17 @@ class JudgeCells:
     _judge_client = None
     _judge_km = None
 
+    def create_kernel_manager(self):
+        """The kernel manager, told that the judge decides this notebook's tests (the sandbox then gives
+        the kernel the library build without the functions the notebook asks students to write)."""
+        km = super().create_kernel_manager()
+        if judge_enabled() and km.has_trait("judged"):
+            km.judged = True
+        return km
+
     def preprocess_cell(self, cell, resources, index):
         name = judged_check(cell)
-        if name is None or getattr(self, "_stopped", None) is not None:
+        if name is None or getattr(self, "_stopped", None) is not None or not judge_enabled():
             return super().preprocess_cell(cell, resources, index)
         timeout = float(getattr(self, "timeout", None) or os.environ.get("RLHF_CELL_TIMEOUT", 60))
         try:

@@ -419,6 +419,10 @@ class SandboxedKernelManager(LimitedKernelManager):
     notebook_name = Unicode(
         "", help="The notebook this kernel runs (set by kernel_guard.Execute); selects the library build.",
     )
+    judged = Bool(
+        False, help="Set by the judge (rlhf_lab.instructor.judge) when it decides this notebook's test cells "
+                    "outside the kernel: then nothing grades inside it and 'auto' always strips.",
+    )
 
     _ipc_dir: str | None = None
     _sandbox_cache: str | None = None
@@ -524,7 +528,7 @@ class SandboxedKernelManager(LimitedKernelManager):
         notebook = self.notebook_name or None
         mode = self.library_build
         if mode == "auto":
-            mode = "full" if _grades_in_kernel(root, assignment, notebook) else "strip"
+            mode = "strip" if self.judged or not _grades_in_kernel(root, assignment, notebook) else "full"
         build = lb.ensure_build(root, assignment, notebook, strip=(mode == "strip"))
         self.log.debug("library build %s for %s/%s (%s)", build.key, assignment, notebook or "*", mode)
         return build.path
