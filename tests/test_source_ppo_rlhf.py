@@ -16,8 +16,6 @@ tests.
 """
 from __future__ import annotations
 
-import copy
-import os
 import re
 from pathlib import Path
 
@@ -25,6 +23,12 @@ import nbformat
 import pytest
 
 from course_support import load_module
+from notebook_support import (  # noqa: F401  (run_variant is a fixture)
+    check_recipe_run, errors, grade_id, hidden_only, is_test, nbgrader_meta, release_stubs, run_variant,
+    solution_problems, graded_test_ids,
+)
+
+_nbgrader, _grade_id, _is_test, _test_ids = nbgrader_meta, grade_id, is_test, graded_test_ids
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,23 +37,6 @@ recipes = load_module(REPO / "examples" / "mistakes" / "ppo_rlhf.py", "ppo_rlhf_
 
 NOTEBOOKS = {p.name: nbformat.read(p, as_version=4) for p in sorted((REPO / "source" / "ppo_rlhf").glob("*.ipynb"))}
 NAMES = list(NOTEBOOKS)
-
-
-def _nbgrader(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
-
-
-def _grade_id(cell) -> str | None:
-    return _nbgrader(cell).get("grade_id")
-
-
-def _is_test(cell) -> bool:
-    meta = _nbgrader(cell)
-    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
-
-
-def _test_ids(nb) -> list[str]:
-    return [_grade_id(c) for c in nb.cells if _is_test(c)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -134,110 +121,23 @@ def test_explorer_entry_point_exists():
 # Execution
 
 
-class NotebookKernel:
-    """One kernel for all runs of one notebook: each run resets the namespace, then runs every cell."""
-
-    def __init__(self):
-        from jupyter_client import KernelManager
-
-        self.km = KernelManager(kernel_name="python3")
-        # NBGRADER_EXECUTION makes the notebooks behave as under autograding (the explorer is skipped).
-        self.km.start_kernel(env={**os.environ, "NBGRADER_EXECUTION": "autograde", "JAX_PLATFORMS": "cpu"})
-
-    def run(self, nb):
-        from nbclient import NotebookClient
-
-        nb = copy.deepcopy(nb)
-        nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f", id="reset-namespace"))
-        client = NotebookClient(nb, km=self.km, timeout=600, allow_errors=True, kernel_name="python3")
-        try:
-            client.execute()
-        finally:
-            if client.kc is not None:
-                client.kc.stop_channels()
-        nb.cells.pop(0)
-        return nb
-
-    def close(self):
-        self.km.shutdown_kernel(now=True)
-
-
-@pytest.fixture(scope="module")
-def run_variant():
-    """``run_variant(name, key, make)`` executes ``make()`` once per key, in the kernel of ``name``."""
-    kernels: dict[str, NotebookKernel] = {}
-    results: dict[tuple[str, str], nbformat.NotebookNode] = {}
-
-    def run(name, key, make):
-        if (name, key) not in results:
-            if name not in kernels:
-                kernels[name] = NotebookKernel()
-            results[(name, key)] = kernels[name].run(make())
-        return results[(name, key)]
-
-    try:
-        yield run
-    finally:
-        for kernel in kernels.values():
-            kernel.close()
-
-
-def _errors(cell) -> list[str]:
-    return [f"{o.ename}: {o.evalue}" for o in cell.outputs if o.output_type == "error"]
-
-
-def _stderr(cell) -> str:
-    return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr")
-
-
-def _by_id(nb) -> dict:
-    return {_grade_id(c) or c.id: c for c in nb.cells}
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_solutions_pass_every_test_cell(name, run_variant):
     executed = run_variant(name, "solution", lambda: NOTEBOOKS[name])
-    problems = {}
-    for cell in executed.cells:
-        if cell.cell_type != "code":
-            continue
-        if _errors(cell):
-            problems[_grade_id(cell) or cell.id] = _errors(cell)
-        elif _is_test(cell) and _stderr(cell):
-            problems[_grade_id(cell)] = ["wrote to stderr: " + _stderr(cell)[:300]]
+    problems = solution_problems(executed)
     assert not problems, problems
-
-
-def _release_stubs(nb):
-    """The notebook as a student receives it (nbgrader's ClearSolutions), hidden tests kept in place."""
-    from nbgrader.preprocessors import ClearSolutions
-
-    stubbed, _ = ClearSolutions().preprocess(copy.deepcopy(nb), {})
-    return stubbed
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_release_stubs_fail_every_test_cell(name, run_variant):
-    executed = run_variant(name, "release-stubs", lambda: _release_stubs(NOTEBOOKS[name]))
-    passing = [_grade_id(c) for c in executed.cells if _is_test(c) and not _errors(c)]
+    executed = run_variant(name, "release-stubs", lambda: release_stubs(NOTEBOOKS[name]))
+    passing = [grade_id(c) for c in executed.cells if is_test(c) and not errors(c)]
     assert not passing, f"test cells that pass without any answer: {passing}"
-
-
-def _hidden_only(nb):
-    """Test cells reduced to their hidden block: what decides the grade if visible asserts are neutralised."""
-    out = copy.deepcopy(nb)
-    for cell in out.cells:
-        if _is_test(cell):
-            hidden = cell.source.split("### END HIDDEN TESTS")[0]
-            cell.source = hidden + "### END HIDDEN TESTS\n"
-    return out
 
 
 # Classic recipes run hidden-only: what decides the grade (during autograding the judge decides each
 # test cell from its hidden region; the visible checks are for the student's own runs). Every recipe
-# also runs in full, as a student would (visible checks included): the tests it targets must fail
-# with the diagnosis; other visible checks may fail too when they use the student's own broken work
-# (the recorded run uses the student's rollout_update). Those runs are marked slow.
+# also runs in full, as a student would: its target tests must fail with the diagnosis. Those are slow.
 RECIPE_RUNS = [(k, "hidden-only") for k, r in recipes.MISTAKES.items() if r["classic"]] + [
     pytest.param(k, "full", marks=pytest.mark.slow) for k in recipes.MISTAKES
 ]
@@ -250,16 +150,6 @@ def test_mistake_fails_its_tests_and_keeps_the_rest(key, part, run_variant):
 
     def make():
         nb = recipes.apply_mistake(NOTEBOOKS[name], recipe)
-        return _hidden_only(nb) if part == "hidden-only" else nb
+        return hidden_only(nb) if part == "hidden-only" else nb
 
-    executed = run_variant(name, f"{key}/{part}", make)
-    cells = _by_id(executed)
-    for test_id in _test_ids(executed):
-        errors = _errors(cells[test_id])
-        if test_id in recipe["fails"]:
-            assert errors, f"{key}: {test_id} should fail but passed"
-            expected = recipe["fails"][test_id]
-            if expected is not None:
-                assert any(expected in e for e in errors), f"{key}: {test_id} failed with {errors}, expected {expected!r}"
-        elif part == "hidden-only":
-            assert not errors, f"{key}: {test_id} should still pass but failed with {errors}"
+    check_recipe_run(key, recipe, part, run_variant(name, f"{key}/{part}", make))
