@@ -423,7 +423,10 @@ def test_pipeline_killed_while_a_notebook_runs_grades_that_student_again(toy, tm
               "    fresh=False, regenerate=False, force=False, compile_cache=False,\n"
               "    progress=lambda r: print('DONE', r.student, flush=True))\n")
     cmd = [sys.executable, "-c", driver, str(folder), str(root), url]
-    proc = subprocess.Popen(cmd, cwd=root, env=nbgrader_env(root, url), stdout=subprocess.PIPE,
+    # The marker lives outside the student's folder, which a sandboxed kernel cannot see (that is the
+    # sandbox's job, tested in test_sandbox.py): this test of the run records grades unsandboxed.
+    run_env = {**nbgrader_env(root, url), "RLHF_NO_SANDBOX": "1", "RLHF_NO_SANDBOX_WARNED": "1"}
+    proc = subprocess.Popen(cmd, cwd=root, env=run_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -442,7 +445,7 @@ def test_pipeline_killed_while_a_notebook_runs_grades_that_student_again(toy, tm
     assert parallel.read_record(parallel.load_course(root, url), TOY, "slow")["state"] == "running"
     assert pipeline.pending(TOY, root, url) == ["slow"]
 
-    second = subprocess.run(cmd, cwd=root, env=nbgrader_env(root, url), capture_output=True, text=True)
+    second = subprocess.run(cmd, cwd=root, env=run_env, capture_output=True, text=True)
     assert second.returncode == 0, second.stdout + second.stderr
     assert [line for line in second.stdout.splitlines() if line.startswith("DONE")] == ["DONE slow"]
     assert totals(url, TOY) == {"correct": (TOY_MAX, TOY_MAX), "slow": (TOY_MAX, TOY_MAX)}
