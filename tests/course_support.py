@@ -154,6 +154,22 @@ def mistakes() -> dict:
     return submissions.mistake_students(submissions.all_mistakes(REPO))
 
 
+#: The in-kernel message of a task handed to the course library.
+DELEGATION_MESSAGE = "must be implemented, not delegated"
+
+
+def autograde_mistakes() -> dict:
+    """The mistakes whose recipe also describes the autograded outcome.
+
+    Delegation recipes are left out: while autograding, the kernel's library build lacks the
+    function, so an import of it fails inside the student's answer cell (and can take later
+    definitions of that cell's notebook with it), while the in-kernel notebook tests see the
+    library's message. The trust report's delegation cases (h12, h15-h17) hold those outcomes.
+    """
+    return {sid: m for sid, m in mistakes().items()
+            if DELEGATION_MESSAGE not in " ".join(str(v) for v in m.messages.values())}
+
+
 def read_notebook(path: Path):
     return nbformat.read(path, as_version=4)
 

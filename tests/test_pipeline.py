@@ -19,7 +19,7 @@ import pytest
 from nbgrader.utils import determine_grade
 
 from course_support import (  # noqa: F401  (fixtures are used by name)
-    REPO, bundled_class_run, course_template_dir, fresh_course, mistakes, own_db, session_base,
+    REPO, autograde_mistakes, bundled_class_run, course_template_dir, fresh_course, mistakes, own_db, session_base,
 )
 from fixtures import submissions
 from rlhf_lab.instructor import pipeline, release
@@ -282,7 +282,7 @@ def test_unchanged_release_gets_zero_everywhere_and_the_run_completes(klass):
 
 @pytest.mark.slow
 def test_each_mistake_loses_exactly_its_targeted_tests_and_keeps_the_rest(klass):
-    ms = mistakes()
+    ms = autograde_mistakes()
     assert ms
     problems = []
     for sid, m in ms.items():
@@ -301,7 +301,7 @@ def test_each_mistake_loses_exactly_its_targeted_tests_and_keeps_the_rest(klass)
 def test_each_mistake_is_told_what_is_wrong(klass):
     """Each test a mistake fails shows the student the recipe's diagnostic message (where it names one)."""
     problems, checked = [], 0
-    for sid, m in mistakes().items():
+    for sid, m in autograde_mistakes().items():
         path = klass.root / "autograded" / sid / m.assignment / f"{m.notebook}.ipynb"
         nb = nbformat.read(path, as_version=4)
         for gid, message in m.messages.items():
@@ -311,7 +311,7 @@ def test_each_mistake_is_told_what_is_wrong(klass):
             checked += 1
             if message not in text:
                 problems.append(f"{sid}: {gid} says {text[:300]!r}, expected {message!r}")
-    assert checked >= len(mistakes()) // 2
+    assert checked >= len(autograde_mistakes()) // 2
     assert not problems, "\n".join(problems)
 
 
@@ -329,22 +329,12 @@ def test_harmless_stderr_in_test_cells_costs_no_points(klass):
             nb = nbformat.read(path, as_version=4)
             for cell in nb.cells:
                 md = submissions.nbgrader_md(cell)
-                if not (md.get("grade") and cell.cell_type == "code"):
-                    continue
-                texts = [o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream"]
-                if any("[stderr]" in t and "UserWarning" in t for t in texts):
+                if md.get("grade") and cell.cell_type == "code":
+                    # the judge decides test cells outside the kernel: nothing the kernel wrote, stderr
+                    # included, reaches a graded cell (the relabelling step has its own test above)
+                    assert [o.get("output_type") for o in cell.outputs] == [], (path.name, md["grade_id"])
                     relabelled += 1
-                    # Counterfactual: the same outputs as raw stderr would have scored zero.
-                    raw = copy.deepcopy(cell)
-                    for o in raw.outputs:
-                        if o.get("output_type") == "stream" and "[stderr] " in o.get("text", ""):
-                            o["name"] = "stderr"
-                            o["text"] = o["text"].replace("[stderr] ", "")
-                    assert determine_grade(raw)[0] == 0
-                    assert determine_grade(cell)[0] == float(md["points"])
-                    assert "float64" in "".join(texts)  # the JAX warning
-                    assert "harmless native log line" in "".join(texts)  # the raw fd-2 write
-    assert relabelled >= 2, "the noisy example never wrote to stderr inside a test cell"
+    assert relabelled >= 2, "the noisy example has no judged test cell"
 
 
 @pytest.mark.slow
