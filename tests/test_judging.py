@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from rlhf_lab import ppo, reward
-from rlhf_lab.judging import CHECKS, core, procedures
+from rlhf_lab.judging import CHECKS, core, procedures, rollouts
 from rlhf_lab.judging.core import GradingError, Jax, Key, LocalStudent, Source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,6 +102,26 @@ def run_ppo(rewards, init_logits, *, iterations=40, batch_size=128, epochs=3, be
             "initial_reward": float(ppo.expected_reward(ref_logp, rewards))}
 
 
+def inner_diagnostics(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon, learning_rate):
+    logits = jnp.asarray(logits, jnp.float32)
+    old_all = jax.nn.log_softmax(logits)
+    actions = jax.random.categorical(draw_key, old_all, shape=(batch_size,))
+    old_logp = old_all[actions]
+    advantages = rewards[actions] - jnp.sum(jnp.exp(old_all) * rewards)
+    grad = jax.grad(ppo.ppo_loss)
+    out = {"clip_frac": [], "k1": [], "k3": [], "exact_kl": [], "ratio": []}
+    for _ in range(epochs):
+        logp_all = jax.nn.log_softmax(logits)
+        r = jnp.exp(logp_all[actions] - old_logp)
+        out["ratio"].append(np.asarray(r))
+        out["clip_frac"].append(float(jnp.mean(jnp.abs(r - 1) > epsilon)))
+        out["k1"].append(float(jnp.mean(-jnp.log(r))))
+        out["k3"].append(float(jnp.mean(r - 1 - jnp.log(r))))
+        out["exact_kl"].append(float(jnp.sum(jnp.exp(old_all) * (old_all - logp_all))))
+        logits = logits - learning_rate * grad(logits, old_logp, actions, advantages, ref_logp, beta, epsilon)
+    return {k: np.array(v) for k, v in out.items()} | {"logits": np.asarray(logits)}
+
+
 def score_terms(logits, rewards, c):
     p = jnp.exp(jax.nn.log_softmax(logits))
     return (p * (rewards - c))[:, None] * (jnp.eye(p.shape[0]) - p[None, :])
@@ -124,10 +144,9 @@ CORRECT = {
     "penalized_reward": lambda r, b, k: r - b * k, "beta_sweep": beta_sweep,
     "preference_loss": reward.preference_loss, "ppo_loss": ppo.ppo_loss,
     "rewards": np.array([1.9811294, 0.327278, -2.3084073]), "reward_w": None, "fit_reward_model": fit_reward_model,
-    "snapshot_reference": lambda p: np.array(jax.nn.log_softmax(jnp.asarray(p))),
+    "snapshot_reference": lambda p: np.array(p, dtype=np.float32, copy=True),
     "rollout_update": rollout_update, "run_ppo": run_ppo, "run": RECORDED_RUN,
-    "signed_clip_terms": ppo.clipped_surrogate, "score_terms": score_terms,
-    "zero_kl": 0.0, "final_kl": 0.7824773, "exact_kl": ppo.categorical_kl,
+    "score_terms": score_terms, "inner_diagnostics": inner_diagnostics,
     "multi_prompt_ppo_loss": multi_prompt_ppo_loss, "analytic_optimum": ppo.optimal_logp,
     "regularised_objective": ppo.regularised_objective,
     "objective_reference": 0.28191882, "objective_trained": 1.7620493, "objective_optimum": 1.7987912,
@@ -164,8 +183,8 @@ def test_every_test_cell_has_one_check_and_a_one_line_hidden_region():
     assert sorted(ids) == sorted(CHECKS)
 
 
-def test_the_bandit_assignments_have_their_28_checks():
-    assert len(BANDIT) == 28
+def test_the_bandit_assignments_have_their_27_checks():
+    assert len(BANDIT) == 27
 
 
 @pytest.mark.parametrize("name", BANDIT)
@@ -185,14 +204,12 @@ def test_check_fails_when_what_it_needs_is_missing(name):
 # classic mistakes are named (both signs of the advantage where it matters)
 
 
-def test_dropped_signed_min_is_named_in_both_surrogate_checks():
+def test_dropped_signed_min_is_named():
     def no_min(ratio, advantage, epsilon=0.2, clip=True):
         ratio = jnp.asarray(ratio)
         return ratio * advantage if not clip else jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage
 
     _fails("test_ppo_surrogate", _with(ppo_surrogate=no_min), "dropped the signed min")
-    _fails("test_clip_directions", _with(signed_clip_terms=lambda r, a, e: no_min(r, a, e)),
-           "signed_clip_terms: only the clipped product is used")
 
 
 def test_a_correct_surrogate_for_positive_advantages_only_fails():
@@ -249,12 +266,34 @@ def test_rollout_mistakes_are_named(mistake, check):
 
 
 def test_a_reference_that_aliases_the_parameters_is_caught():
-    def in_place(policy):
-        policy -= np.log(np.sum(np.exp(policy)))
-        return policy
+    # the natural answers that share the optimiser's buffer: the array itself, np.asarray, a view, a slice
+    for alias in (lambda p: p, lambda p: np.asarray(p, dtype=np.float32), lambda p: p.view(), lambda p: p[:]):
+        _fails("test_reference_snapshot", _with(snapshot_reference=alias), "shares memory with the parameters")
 
-    _fails("test_reference_snapshot", _with(snapshot_reference=in_place), "must not modify the policy")
-    _fails("test_reference_snapshot", _with(snapshot_reference=lambda p: p.view()), "log_softmax")
+    def in_place(params):
+        params -= np.log(np.sum(np.exp(params)))
+        return params.copy()
+
+    _fails("test_reference_snapshot", _with(snapshot_reference=in_place), "must not modify the parameters")
+    _fails("test_reference_snapshot", _with(snapshot_reference=lambda p: np.array(jax.nn.log_softmax(p))),
+           "returned log-probabilities")
+
+
+@pytest.mark.parametrize("mistake", sorted(rollouts.DIAGNOSTIC_MISTAKES))
+def test_diagnostics_mistakes_are_named(mistake):
+    def wrong(logits, draw_key, rewards, ref_logp, **hyper):
+        return rollouts.reference_diagnostics(REF, logits, draw_key, rewards, ref_logp, **hyper, mistake=mistake)
+
+    _fails("test_inner_diagnostics", _with(inner_diagnostics=wrong), rollouts.DIAGNOSTIC_MISTAKES[mistake])
+
+
+def test_diagnostics_that_change_the_update_fail():
+    def one_step_more(logits, draw_key, rewards, ref_logp, *, epochs, **hyper):
+        out = inner_diagnostics(logits, draw_key, rewards, ref_logp, epochs=epochs, **hyper)
+        bigger = inner_diagnostics(logits, draw_key, rewards, ref_logp, epochs=epochs + 1, **hyper)
+        return out | {"logits": bigger["logits"]}
+
+    _fails("test_inner_diagnostics", _with(inner_diagnostics=one_step_more), "logits after the inner steps")
 
 
 def test_loop_that_refreshes_the_reference_is_named():

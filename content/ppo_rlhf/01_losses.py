@@ -15,13 +15,22 @@
 # you measure is blurred by sampling noise.
 #
 # In this notebook you write the two losses everything else is built on.
+#
+# * **You will be able to** write the Bradley-Terry preference loss, and assemble the PPO loss of
+#   one inner step from the signed clip, the exact KL to the reference and `stop_gradient` on
+#   everything the step must hold fixed.
+# * **Prerequisites:** the assignment `ppo_objective` (the signed clip and the KL penalty on their
+#   own); `jax.grad` and `jax.nn.log_softmax`.
+# * **Expected time:** about 45 minutes.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_01", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Points.** This notebook: **12 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **50 points**: 44 autograded and 6 graded by hand.
 #
 # | graded cell | points | how |
 # |---|---|---|
+# | **Task 1.1: `preference_loss`** (2 points) | | |
 # | `test_preference_loss` | 2 | autograded |
+# | **Task 1.2: `ppo_loss`** (10 points) | | |
 # | `test_clip_named_terms` | 1 | autograded |
 # | `test_clip_both_signs` | 3 | autograded |
 # | `test_kl_term` | 2 | autograded |
@@ -53,6 +62,8 @@ import numpy as np
 #
 # `softplus(-m)` equals $-\log\sigma(m)$ but never overflows. Only `w` is trained; the
 # feature arrays are data.
+#
+# ### Task 1.1: `preference_loss` (2 points)
 
 # %% nbgrader={"grade": false, "grade_id": "preference_loss_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def preference_loss(w, chosen, rejected):
@@ -99,6 +110,11 @@ assert abs(float(preference_loss(jnp.zeros(2), jnp.ones((3, 2)), jnp.zeros((3, 2
 # The KL term is exact (a sum over all actions) and is measured against the reference,
 # not the old policy. `old_logp`, `advantages` and `ref_logp` are constants of the update:
 # wrap them in `jax.lax.stop_gradient` so no gradient can flow into them.
+#
+# ### Task 1.2: `ppo_loss` (10 points, five test cells)
+#
+# You met the signed clip and the exact KL in `ppo_objective`; here they become one loss with the
+# lifetimes above. From notebook 3 on, the course library's `ppo_loss` is given.
 
 # %% nbgrader={"grade": false, "grade_id": "ppo_loss_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ppo_loss(logits, old_logp, actions, advantages, ref_logp, beta=0.1, epsilon=0.2):
@@ -125,7 +141,7 @@ def ppo_loss(logits, old_logp, actions, advantages, ref_logp, beta=0.1, epsilon=
 
 
 # %% [markdown]
-# **Predict** (not graded, but write it down *before* running the next cell):
+# **Prediction** (not graded, but write it down *before* running the next cell):
 # with $\epsilon = 0.2$, what are the surrogate terms $\min(\rho A, \operatorname{clip}(\rho)A)$ for
 # $(\rho, A) = (1.5, 2)$ and for $(\rho, A) = (0.5, -2)$? Which bound of the clip range matters
 # in each case?

@@ -15,14 +15,21 @@
 #
 # This notebook uses the course library's `preference_loss`, so a slip in notebook 1 does
 # not carry over.
+#
+# * **You will be able to** fit a reward model to pairwise preferences by gradient descent and
+#   freeze it, and take a reference snapshot that an in-place optimiser cannot move.
+# * **Prerequisites:** notebook 1 (the preference loss); NumPy arrays and views.
+# * **Expected time:** about 30 minutes.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_02", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Points.** This notebook: **6 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **50 points**: 44 autograded and 6 graded by hand.
 #
 # | graded cell | points | how |
 # |---|---|---|
+# | **Task 2.1: `fit_reward_model`** (4 points) | | |
 # | `test_fit_reward_lesson` | 2 | autograded |
 # | `test_fit_reward_fresh` | 2 | autograded |
+# | **Task 2.2: `snapshot_reference`** (2 points) | | |
 # | `test_reference_snapshot` | 2 | autograded |
 #
 # Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is, and do not delete, move or edit the locked cells (the grader restores them); your own extra cells are fine anywhere, and a harmless line above the first cell (a `%matplotlib` magic, say) is only listed for the instructor, it costs nothing.
@@ -52,6 +59,8 @@ from rlhf_lab.reward import LESSON_FEATURES, LESSON_CHOSEN, LESSON_REJECTED
 # $w_{k+1} = w_k - \text{lr}\,\nabla L(w_k)$, using `preference_loss` on the chosen and
 # rejected feature rows. The lesson uses 100 steps at learning rate 0.1. The per-action
 # rewards are then `features @ w`, frozen with `jax.lax.stop_gradient`.
+#
+# ### Task 2.1: `fit_reward_model` (4 points)
 
 # %% nbgrader={"grade": false, "grade_id": "fit_reward_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def fit_reward_model(features, chosen_idx, rejected_idx, steps=100, learning_rate=0.1):
@@ -74,7 +83,7 @@ def fit_reward_model(features, chosen_idx, rejected_idx, steps=100, learning_rat
 
 
 # %% [markdown]
-# **Predict** (not graded, but write it down *before* running the next cell):
+# **Prediction** (not graded, but write it down *before* running the next cell):
 # which action will get the highest reward, and which the lowest? Will action 1 end up
 # closer to action 0 or to action 2?
 #
@@ -116,49 +125,71 @@ np.testing.assert_allclose(np.asarray(_w), [0.5, -0.5], atol=1e-6,  # one step f
 # %% [markdown] nbgrader={"grade": false, "grade_id": "reference_02", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 2. Snapshot the reference
 #
-# The reference policy is the starting policy, frozen. In JAX, arrays are immutable, but
-# policy parameters often live in NumPy buffers that an optimiser updates **in place**
-# (`theta -= lr * grad`). A reference that shares memory with those parameters would drift
-# with them, and the KL penalty would quietly measure distance to the *current* policy.
+# The reference policy is the starting policy, frozen. JAX arrays are immutable, but many
+# training loops keep the policy parameters in a NumPy buffer and update it **in place**
+# (`theta += lr * grad`), as the given code below does. A "snapshot" that shares memory with
+# that buffer moves with every step, and the KL penalty then measures the distance from the
+# current policy to itself: zero, whatever the policy does.
 #
-# Write `snapshot_reference(policy_logits)`: return the reference log-probabilities
-# `log_softmax(policy_logits)` as an independent NumPy array (float32), without modifying
-# the argument.
+# Sharing memory is easy to do by accident: `params` itself, `params[:]`, `params.view()`,
+# `params.reshape(-1)` and `np.asarray(params)` all hand back the same buffer, and on the CPU
+# even `jnp.asarray(params)` may reuse it.
+#
+# ### Task 2.2: `snapshot_reference` (2 points)
+#
+# Write `snapshot_reference(params)`: return the reference **parameters** (the logits, not
+# log-probabilities; the KL code applies `log_softmax` itself) as a float32 NumPy array that
+# shares no memory with `params`, without modifying `params`.
 
 # %% nbgrader={"grade": false, "grade_id": "snapshot_reference_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def snapshot_reference(policy_logits):
-    """Frozen reference log-probs: log_softmax(policy_logits) as an independent NumPy copy.
+def snapshot_reference(params):
+    """Frozen reference parameters: a float32 NumPy copy of the policy logits `params` ([n_actions]).
 
-    policy_logits: [n_actions] (may be a NumPy array updated in place later).
-    Returns [n_actions] float32 NumPy array that shares no memory with the argument.
+    `params` is a NumPy buffer the optimiser later updates in place; the returned array must keep the
+    values `params` has now (it shares no memory with it). `params` itself is not modified.
     """
     ### BEGIN SOLUTION
-    return np.array(jax.nn.log_softmax(jnp.asarray(policy_logits, jnp.float32)), dtype=np.float32, copy=True)
+    return np.array(params, dtype=np.float32, copy=True)
     ### END SOLUTION
 
 
 # %% [markdown]
-# **Predict** (not graded, but write it down *before* running the next cell):
-# the next cell takes three in-place gradient-like steps on `theta` after the snapshot.
-# Should `ref_logp` change? What would the KL to the reference read if it did?
+# **Prediction** (not graded, but write it down *before* running the next cell):
+# the next cell takes three in-place gradient-ascent steps on `theta` after the snapshot and prints
+# the exact KL to the reference after each. If the snapshot were the buffer itself, what would the
+# three KL values be? With a real copy, should they grow or shrink?
 #
 # *My prediction:* 
 
 # %% nbgrader={"grade": false, "grade_id": "reference_experiment", "locked": true, "schema_version": 3, "solution": false, "task": false}
-theta = np.array([0.2, 0.0, -0.2], dtype=np.float32)
-ref_logp = snapshot_reference(theta)
-ref_before = ref_logp.copy()
-for _ in range(3):
-    theta += np.float32(0.3) * np.asarray(rewards)  # in-place updates of the policy parameters
-print("policy logits after updates:", theta)
-print("reference unchanged:", bool(np.array_equal(ref_logp, ref_before)), ref_logp)
+def kl_to_reference(params, ref_params):
+    """Exact KL(pi_theta || pi_ref) in nats, both policies given by their logits ([n_actions])."""
+    logp = jax.nn.log_softmax(jnp.asarray(params))
+    ref = jax.nn.log_softmax(jnp.asarray(ref_params))
+    return float(jnp.sum(jnp.exp(logp) * (logp - ref)))
+
+
+reward_grad = jax.jit(jax.grad(lambda z: jnp.sum(jax.nn.softmax(z) * rewards)))  # d E_pi[r] / d logits
+theta = np.array([0.2, 0.0, -0.2], dtype=np.float32)   # the policy parameters: a NumPy buffer
+ref_params = snapshot_reference(theta)
+ref_before = np.array(ref_params, copy=True)
+kl_after_steps = []
+for step in range(3):
+    theta += np.float32(0.5) * np.asarray(reward_grad(jnp.asarray(theta)))  # the optimiser's in-place step
+    kl_after_steps.append(kl_to_reference(theta, ref_params))
+    print(f"after step {step + 1}: theta = {theta}, KL to the reference = {kl_after_steps[-1]:.6f} nats")
 
 # %% nbgrader={"grade": true, "grade_id": "test_reference_snapshot", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_reference_snapshot: the reference equals log_softmax of fresh logits, leaves them untouched, and does not move when they are updated in place
+# test_reference_snapshot: on fresh NumPy parameters the snapshot holds their values, leaves them untouched, and does not move when the given optimiser updates them in place
 ### BEGIN HIDDEN TESTS
 grading.judge("test_reference_snapshot")
 ### END HIDDEN TESTS
-assert np.array_equal(ref_logp, ref_before), (
-    "the reference changed when theta was updated in place: return an independent copy")
-np.testing.assert_allclose(ref_logp, jax.nn.log_softmax(jnp.array([0.2, 0.0, -0.2])), atol=1e-6,
-                           err_msg="the reference is log_softmax of the initial logits [0.2, 0.0, -0.2]")
+np.testing.assert_allclose(np.asarray(ref_before), [0.2, 0.0, -0.2], atol=1e-6,
+                           err_msg="the snapshot holds the starting logits [0.2, 0.0, -0.2] (parameters, "
+                                   "not log-probabilities)")
+assert np.array_equal(np.asarray(ref_params), ref_before), (
+    f"expected the reference to stay {ref_before} while theta was updated in place, got {np.asarray(ref_params)}: "
+    "it shares memory with theta; return an independent copy")
+np.testing.assert_allclose(kl_after_steps, [0.0357713, 0.1201184, 0.2235378], atol=1e-5,
+                           err_msg="exact KL to the reference after each in-place step (all zeros means "
+                                   "the reference moved with theta)")

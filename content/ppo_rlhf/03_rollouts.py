@@ -16,17 +16,27 @@
 #
 # This notebook gives you the course library's `ppo_loss`, the lesson's frozen rewards and
 # the reference logits, so earlier mistakes do not carry over.
+#
+# * **You will be able to** write one PPO rollout and the training loop around it, reproduce the
+#   recorded run, read the standard PPO diagnostics (clip fraction, sampled KL estimates) inside a
+#   batch, say where the KL penalty enters, and save your run with its provenance.
+# * **Prerequisites:** notebooks 1 and 2 (the loss and the four lifetimes); `jax.random.split`.
+# * **Expected time:** about 75 minutes.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Points.** This notebook: **12 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **50 points**: 44 autograded and 6 graded by hand.
+# **Points.** This notebook: **16 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **50 points**: 44 autograded and 6 graded by hand.
 #
 # | graded cell | points | how |
 # |---|---|---|
+# | **Task 3.1: `rollout_update`** (7 points) | | |
 # | `test_rollout_update_fresh` | 3 | autograded |
 # | `test_old_logp_frozen` | 2 | autograded |
 # | `test_kl_against_reference` | 2 | autograded |
-# | `test_loop` | 2 | autograded |
+# | **Task 3.2: `run_ppo`** (6 points) | | |
+# | `test_loop` | 3 | autograded |
 # | `test_recorded_numbers` | 3 | autograded |
+# | **Task 3.3: `inner_diagnostics`** (3 points) | | |
+# | `test_inner_diagnostics` | 3 | autograded |
 #
 # Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is, and do not delete, move or edit the locked cells (the grader restores them); your own extra cells are fine anywhere, and a harmless line above the first cell (a `%matplotlib` magic, say) is only listed for the instructor, it costs nothing.
 
@@ -50,6 +60,8 @@ ppo_step = jax.jit(jax.value_and_grad(ppo_loss))         # (loss, d loss / d log
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "rollout_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 1. One rollout
+#
+# ### Task 3.1: `rollout_update` (7 points)
 #
 # Write `rollout_update(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta,
 # epsilon, learning_rate)`:
@@ -141,6 +153,8 @@ print("KL against the reference: visible checks passed")
 # %% [markdown] nbgrader={"grade": false, "grade_id": "loop_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 2. The loop
 #
+# ### Task 3.2: `run_ppo` (6 points)
+#
 # Write `run_ppo(rewards, init_logits, *, iterations=40, batch_size=128, epochs=3, beta=0.2,
 # epsilon=0.2, learning_rate=0.15, seed=11, update=None)` (`update=None` means your current
 # `rollout_update`, looked up each time `run_ppo` runs: fixing `rollout_update` and re-running
@@ -188,7 +202,7 @@ def run_ppo(rewards, init_logits, *, iterations=40, batch_size=128, epochs=3, be
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_loop", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_loop", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # test_loop: run_ppo chains rollouts: one fresh subkey per rollout, a fixed reference, each output fed into the next rollout, exact reward and KL recorded
 ### BEGIN HIDDEN TESTS
 grading.judge("test_loop")
@@ -198,7 +212,7 @@ assert len(_out["reward"]) == 2 and len(_out["kl"]) == 2 and np.shape(_out["prob
     "with iterations=2, run_ppo must record one reward, one KL and one probability row per rollout")
 
 # %% [markdown]
-# **Predict** (not graded, but write it down *before* running the next cell):
+# **Prediction** (not graded, but write it down *before* running the next cell):
 # over 40 rollouts, which action gains probability? Does the KL to the reference rise,
 # fall or stay flat, and will the final reward reach the best single action's reward
 # (about 1.98)?
@@ -223,6 +237,7 @@ view = SimpleNamespace(**{"clip_frac": np.zeros(len(run["reward"])), **run})  # 
 fig = three_panel_figure(view, rewards, beta=0.2)
 plt.show()
 
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "read_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Reading the figure.** Panel (a) is the exact expected learned reward after each rollout
 # (reward-model score units), panel (b) the exact KL to the fixed reference (nats), panel
@@ -231,3 +246,180 @@ plt.show()
 # highest, and moving away from the reference costs KL. The panels have different units;
 # never add their heights. Everything here is a synthetic bandit, not a measure of human
 # approval.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "diagnostics_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 3. Inside one batch: the PPO diagnostics
+#
+# Implementations such as CleanRL log a few numbers at every inner epoch. With the ratio
+# $r_i = \pi_\theta(a_i)/\pi_{\text{old}}(a_i)$ of the batch's samples, measured **before** inner step
+# $e$ (at the logits whose gradient that step takes):
+#
+# | metric | formula | what it tells you |
+# |---|---|---|
+# | `clip_frac` | mean of $\lvert r_i - 1\rvert > \epsilon$ | the share of samples outside the band, where the clip has removed the incentive (no gradient from the surrogate term of a sample moving the way its advantage wants) |
+# | `k1` | mean of $-\log r_i$ | the plain sampled estimate of $\mathrm{KL}(\pi_{\text{old}}\Vert\pi_\theta)$; unbiased on fresh samples from $\pi_{\text{old}}$, but a single sample can be negative |
+# | `k3` | mean of $(r_i - 1) - \log r_i$ | the same KL with a control variate: every term is $\ge 0$ and the variance is lower |
+# | `exact_kl` | $\sum_a \pi_{\text{old}}(a)\,(\log\pi_{\text{old}}(a) - \log\pi_\theta(a))$ | what `k1` and `k3` estimate, summed exactly (possible here, with three actions) |
+#
+# These measure how far the inner steps have moved the policy from the **behaviour** policy of the
+# batch; the KL to the **reference** (the penalty) is a different quantity. At the first inner step
+# $\pi_\theta$ *is* $\pi_{\text{old}}$: every ratio is exactly 1, so the clip can only bind from the
+# second step on.
+#
+# ### Task 3.3: `inner_diagnostics` (3 points)
+#
+# Write `inner_diagnostics(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
+# learning_rate)`: the same rollout as `rollout_update`, recording before each inner step the four
+# metrics above and the ratios. Return a dict with `clip_frac`, `k1`, `k3`, `exact_kl` (each `[epochs]`),
+# `ratio` (`[epochs, batch_size]`) and `logits` (the logits after the last step). Compute the current
+# log-probabilities with `jax.nn.log_softmax(logits)`, as you did for `old_logp`, so that the first
+# ratios come out as exactly 1.0.
+
+# %% nbgrader={"grade": false, "grade_id": "inner_diagnostics_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def inner_diagnostics(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
+                      learning_rate):
+    """One rollout with the per-inner-epoch diagnostics, measured before each step.
+
+    With r = exp(logp[actions] - old_logp) at that step: clip_frac = mean(|r - 1| > epsilon),
+    k1 = mean(-log r), k3 = mean((r - 1) - log r), exact_kl = KL(pi_old || pi_theta) over all actions.
+    old_logp, the actions and the advantages are frozen once, as in rollout_update; ref_logp is fixed.
+    Returns {"clip_frac", "k1", "k3", "exact_kl": [epochs], "ratio": [epochs, batch_size], "logits": [n]}.
+    """
+    ### BEGIN SOLUTION
+    logits = jnp.asarray(logits, jnp.float32)
+    old_logp_all = jax.nn.log_softmax(logits)
+    actions = jax.random.categorical(draw_key, old_logp_all, shape=(batch_size,))
+    old_logp = old_logp_all[actions]
+    advantages = rewards[actions] - jnp.sum(jnp.exp(old_logp_all) * rewards)
+    rows = {"clip_frac": [], "k1": [], "k3": [], "exact_kl": [], "ratio": []}
+    for _ in range(epochs):
+        logp_all = jax.nn.log_softmax(logits)  # the policy this step's gradient is taken at
+        log_r = logp_all[actions] - old_logp
+        r = jnp.exp(log_r)
+        rows["ratio"].append(np.asarray(r))
+        rows["clip_frac"].append(float(jnp.mean(jnp.abs(r - 1.0) > epsilon)))
+        rows["k1"].append(float(jnp.mean(-log_r)))
+        rows["k3"].append(float(jnp.mean((r - 1.0) - log_r)))
+        rows["exact_kl"].append(float(jnp.sum(jnp.exp(old_logp_all) * (old_logp_all - logp_all))))
+        _, grad = ppo_step(logits, old_logp, actions, advantages, ref_logp, beta, epsilon)
+        logits = logits - learning_rate * grad
+    return {**{name: np.array(values) for name, values in rows.items()}, "logits": np.asarray(logits)}
+    ### END SOLUTION
+
+
+# %% [markdown]
+# **Prediction** (not graded, but write it down *before* running the next cell):
+# the next cell takes 4 inner steps at learning rate 1.0 on one batch of 32 samples. What are the
+# clip fraction, `k1` and `k3` at the first step? Once the policy has moved, will `k1` or `k3` be
+# closer to the exact KL?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "diagnostics_experiment", "locked": true, "schema_version": 3, "solution": false, "task": false}
+diag = inner_diagnostics(jnp.asarray(init_logits), jax.random.key(1), rewards,
+                         jax.nn.log_softmax(jnp.asarray(init_logits)), batch_size=32, epochs=4, beta=0.2,
+                         epsilon=0.2, learning_rate=1.0)
+print("inner step | clip fraction |     k1     |     k3     | exact KL(old || current), nats")
+for e in range(4):
+    print(f"{e + 1:10d} | {diag['clip_frac'][e]:13.3f} | {diag['k1'][e]:10.6f} | {diag['k3'][e]:10.6f} | "
+          f"{diag['exact_kl'][e]:.6f}")
+print("ratios at the first inner step all exactly 1.0:", bool(np.all(np.asarray(diag["ratio"])[0] == 1.0)))
+
+# %% nbgrader={"grade": true, "grade_id": "test_inner_diagnostics", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# test_inner_diagnostics: on a fresh rollout with 4 inner steps the first ratios are exactly 1 and clip fraction, k1, k3 and the exact KL per epoch match the reference procedure
+### BEGIN HIDDEN TESTS
+grading.judge("test_inner_diagnostics")
+### END HIDDEN TESTS
+_first = np.asarray(diag["ratio"])[0]
+assert np.all(_first == 1.0), (
+    f"expected every ratio at the first inner step to be exactly 1.0, got values from {_first.min()!r} to "
+    f"{_first.max()!r}: measure BEFORE the step, with log_softmax(logits) computed as for old_logp")
+for _name, _want in {"clip_frac": [0.0, 1.0, 1.0, 1.0], "k1": [0.0, 0.0253238, 0.0160440, 0.0084631],
+                     "k3": [0.0, 0.1643529, 0.1452967, 0.1281989],
+                     "exact_kl": [0.0, 0.1656445, 0.1461946, 0.1289225]}.items():
+    np.testing.assert_allclose(np.asarray(diag[_name]), _want, atol=1e-5,
+                               err_msg=f"{_name} per inner step on the lesson's batch (key 1, learning rate 1.0)")
+print("inner diagnostics: visible checks passed")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "read_diagnostics_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Reading the diagnostics.** One line per metric:
+#
+# * **Ratio at step 1:** exactly 1 for every sample, because the batch was just drawn from the
+#   current policy; the clip cannot bind yet, and the first step is a plain policy-gradient step.
+# * **Clip fraction:** 0 at step 1, then every sample leaves the band after one step at this large
+#   learning rate; from then on only the β·KL term (and no surrogate term) pushes on those samples,
+#   so the steps shrink back towards the reference.
+# * **k1:** far below the exact KL here: the inner steps raised the probability of exactly the
+#   sampled actions with positive advantage, so on *this* batch $-\log r$ is biased low (it is
+#   unbiased only on fresh samples).
+# * **k3:** close to the exact KL and never negative per sample, which is why many
+#   implementations log it (CleanRL's `approx_kl`).
+# * **Exact KL:** the ground truth the estimators aim at; in a language model it cannot be summed,
+#   which is why the estimators exist.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "kl_where_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 4. Where the KL goes
+#
+# `ppo_objective` subtracts the penalty from the **reward**: $\tilde r = r - \beta\,\mathrm{KL}$, and the
+# policy-gradient step uses $\tilde r$. This assignment adds it to the **loss**: $L = -\text{surrogate} +
+# \beta\,\mathrm{KL}(\pi_\theta\Vert\pi_{\text{ref}})$, differentiated exactly.
+#
+# * **When they agree.** Both maximise the same objective $J = \mathbb E_\pi[r] - \beta\,\mathrm{KL}(\pi\Vert
+#   \pi_{\text{ref}})$, with the same optimum $\pi^* \propto \pi_{\text{ref}}\,e^{r/\beta}$. With exact
+#   expectations, no clipping and one step per batch, the two gradients are equal.
+# * **When they do not.** In the reward, the penalty is a per-sample number frozen when the batch is
+#   collected: it is whitened and clipped together with the advantage, and it sees only the sampled
+#   actions. In the loss, the penalty is recomputed at every inner step, is never clipped (its
+#   gradient survives when every surrogate term is clipped, as section 3 showed) and, here, is summed
+#   over all actions.
+# * **Language models** put it in the reward, per token: `ppo_sequences` gives each token the
+#   penalty $-\beta(\log\pi_\theta - \log\pi_{\text{ref}})$ of that token and adds the reward model's score at
+#   the last one, so the value function and GAE carry the penalty like any other reward.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "export_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 5. Save your run
+#
+# The course library writes a run's series with its provenance (UTC time, Python, platform, package
+# versions, the configuration including the seed) as JSON or CSV: `rlhf_lab.plots.export_run`. The next
+# cell runs your loop once more with an update that also measures the clip fraction of every rollout
+# (`inner_diagnostics`, averaged over the inner steps; it takes the same steps as `rollout_update`),
+# and writes `my_ppo_run.json` next to this notebook. It is not graded and is skipped while
+# autograding; change the file name to keep several runs.
+
+# %% nbgrader={"grade": false, "grade_id": "export_cell", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import os
+from rlhf_lab.plots import export_run
+
+if os.environ.get("NBGRADER_EXECUTION"):
+    print("Saving the run is skipped while autograding.")
+else:
+    clip_per_rollout = []
+
+    def update_with_diagnostics(logits, draw_key, rewards, ref_logp, **hyper):
+        measured = inner_diagnostics(logits, draw_key, rewards, ref_logp, **hyper)
+        clip_per_rollout.append(float(np.mean(measured["clip_frac"])))
+        return jnp.asarray(measured["logits"])
+
+    config = dict(iterations=40, batch_size=128, epochs=3, beta=0.2, epsilon=0.2, learning_rate=0.15, seed=11,
+                  init_logits=init_logits.tolist())
+    hyper = {k: v for k, v in config.items() if k != "init_logits"}
+    my_run = run_ppo(rewards, init_logits, **hyper, update=update_with_diagnostics)
+    series = SimpleNamespace(**my_run, clip_frac=np.array(clip_per_rollout))
+    summary = {"initial_reward": my_run["initial_reward"], "final_reward": float(my_run["reward"][-1]),
+               "final_kl": float(my_run["kl"][-1])}
+    try:
+        record = export_run("my_ppo_run.json", config, series, summary, rewards=np.asarray(rewards))
+    except (OSError, ValueError) as err:  # saving is optional: never break the notebook
+        print(f"could not save the run: {type(err).__name__}: {err}")
+    else:
+        print("wrote my_ppo_run.json:", record["summary"], "| made with", record["provenance"]["packages"])
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "recap_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Recap
+#
+# * **Four lifetimes.** The current policy changes at every inner step; the old (behaviour)
+#   log-probabilities and the advantages once per rollout; the reference and the reward model never.
+# * **The signed clip.** The minimum is over the products $\rho A$ and $\operatorname{clip}(\rho)A$, so the
+#   sign of $A$ picks the bound; it can only bind from the second inner step of a batch.
+# * **Reward beside KL.** Report the expected reward together with the KL to the reference: a higher
+#   reward bought with a large KL is a different result.

@@ -7,28 +7,42 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # Make it yours
+# # Build step 4: make it yours
 #
 # Short experiments that probe the pieces you built: both clipping directions, why a
 # baseline does not bias the gradient, KL at the reference, detaching behaviour
 # information in a new setting, and the analytic optimum of the regularised objective.
-# The trained run comes from the course library (`seed_style_train`, the lesson's own loop),
-# so this notebook does not depend on your earlier answers.
+# The trained run comes from the course library (`seed_style_train`, the lesson's loop),
+# so this notebook does not depend on your earlier answers. The signed clip and the exact
+# KL, graded twice already, are given here as the library's `clipped_surrogate(ratio,
+# advantage, epsilon)` and `categorical_kl(logp, ref_logp)` (log-probabilities, the policy
+# first).
+#
+# * **You will be able to** show by enumeration that a baseline changes the variance and not the
+#   mean, batch the PPO loss over several prompts, compute the KL-regularised optimum in log space
+#   and explain what it bounds, and diagnose a broken run from its symptoms.
+# * **Prerequisites:** notebooks 1 to 3.
+# * **Expected time:** about 75 minutes.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Points.** This notebook: **20 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **50 points**: 44 autograded and 6 graded by hand.
+# **Points.** This notebook: **16 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **50 points**: 44 autograded and 6 graded by hand.
 #
 # | graded cell | points | how |
 # |---|---|---|
-# | `test_clip_directions` | 2 | autograded |
+# | **Task 4.1: `score_terms`** (2 points) | | |
 # | `test_score_terms` | 2 | autograded |
-# | `test_zero_kl` | 2 | autograded |
+# | **Task 4.2: `multi_prompt_ppo_loss`** (4 points) | | |
 # | `test_transfer_value` | 2 | autograded |
 # | `test_transfer_detached` | 2 | autograded |
+# | **Task 4.3: `analytic_optimum`** (2 points) | | |
 # | `test_optimum_log_space` | 2 | autograded |
+# | **Task 4.4: `regularised_objective`** (2 points) | | |
 # | `test_optimum_bound` | 2 | autograded |
+# | **Task 4.5: diagnose the result** (2 points) | | |
 # | `diagnose_answer` | 2 | graded by hand |
+# | **Task 4.6: the four lifetimes** (2 points) | | |
 # | `understanding_a1` | 2 | graded by hand |
+# | **Task 4.7: the signed minimum and the optimum** (2 points) | | |
 # | `understanding_a2` | 2 | graded by hand |
 #
 # Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is, and do not delete, move or edit the locked cells (the grader restores them); your own extra cells are fine anywhere, and a harmless line above the first cell (a `%matplotlib` magic, say) is only listed for the instructor, it costs nothing.
@@ -42,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import matplotlib.pyplot as plt
-from rlhf_lab import lesson_rewards
+from rlhf_lab import categorical_kl, clipped_surrogate, lesson_rewards
 from rlhf_lab.lesson import seed_style_train
 
 rewards = lesson_rewards()                                      # frozen rewards, [3]
@@ -50,43 +64,23 @@ lesson_run = seed_style_train()                                 # the library's 
 ref_logp = jax.nn.log_softmax(jnp.array([0.2, 0.0, -0.2]))      # fixed reference, [3]
 final_logp = jax.nn.log_softmax(lesson_run["final_logits"])     # trained policy, [3]
 
-
 # %% [markdown] nbgrader={"grade": false, "grade_id": "clip_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## 1. Both clipping directions
+# ## 1. Both clipping directions (not graded)
 #
-# Write `signed_clip_terms(ratios, advantages, epsilon)` returning the per-sample terms
-# $\min(\rho A, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon)A)$ for arrays of ratios and
-# advantages (do not call the library's PPO functions).
+# The library's `clipped_surrogate(ratios, advantages, epsilon)` returns the per-sample terms
+# $\min(\rho A, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon)A)$ you wrote in notebook 1.
 
 # %% [markdown]
-# **Predict** (not graded, but write it down *before* running the next cell):
+# **Prediction** (not graded, but write it down *before* running the next cell):
 # for $(\rho, A) = (1.5, 2)$ the unclipped product is 3. For $(0.5, -2)$ it is $-1$. What
 # will the two clipped terms be, and why does the *negative* advantage pick the more
 # negative product?
 #
 # *My prediction:* 
 
-# %% nbgrader={"grade": false, "grade_id": "signed_clip_terms_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def signed_clip_terms(ratios, advantages, epsilon):
-    """Per-sample signed clipped surrogate: min(rho * A, clip(rho, 1-eps, 1+eps) * A), same shape as ratios."""
-    ### BEGIN SOLUTION
-    ratios = jnp.asarray(ratios)
-    advantages = jnp.asarray(advantages)
-    return jnp.minimum(ratios * advantages, jnp.clip(ratios, 1.0 - epsilon, 1.0 + epsilon) * advantages)
-    ### END SOLUTION
-
-
 # %% nbgrader={"grade": false, "grade_id": "experiment_clip_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-terms = signed_clip_terms(np.array([1.5, 0.5]), np.array([2.0, -2.0]), 0.2)
-print("Clipped surrogate terms:", np.asarray(terms))
-
-# %% nbgrader={"grade": true, "grade_id": "test_clip_directions", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_clip_directions: the terms for (1.5, 2) and (0.5, -2) are [2.4, -1.6], and fresh ratios of both advantage signs match min(rho*A, clip(rho)*A)
-### BEGIN HIDDEN TESTS
-grading.judge("test_clip_directions")
-### END HIDDEN TESTS
-np.testing.assert_allclose(np.asarray(terms), [2.4, -1.6], atol=1e-6,
-                           err_msg="signed clipped terms for (rho, A) = (1.5, 2) and (0.5, -2)")
+terms = clipped_surrogate(np.array([1.5, 0.5]), np.array([2.0, -2.0]), 0.2)
+print("Clipped surrogate terms for (1.5, 2) and (0.5, -2):", np.asarray(terms))
 
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "baseline_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -103,9 +97,11 @@ np.testing.assert_allclose(np.asarray(terms), [2.4, -1.6], atol=1e-6,
 # matrix whose row $a$ is $\pi(a)\,(r(a) - c)\,\nabla_\theta\log\pi(a)$ (hint:
 # `jax.jacrev(jax.nn.log_softmax)(logits)` has row $a$ equal to $\nabla_\theta\log\pi(a)$).
 # The enumerated gradient is the sum of the rows.
+#
+# ### Task 4.1: `score_terms` (2 points)
 
 # %% [markdown]
-# **Predict** (not graded, but write it down *before* running the next cell):
+# **Prediction** (not graded, but write it down *before* running the next cell):
 # as the baseline c moves from -3 to 3, will the enumerated gradient (sum of rows) change?
 # Will the variance of a one-sample estimate change?
 #
@@ -158,45 +154,24 @@ np.testing.assert_allclose(enumerated, np.tile(exact, (len(baselines), 1)), atol
                            err_msg="for every baseline c the summed score terms must equal the exact "
                                    "reward gradient (a baseline changes the variance, not the mean)")
 
-
 # %% [markdown] nbgrader={"grade": false, "grade_id": "kl_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## 3. KL at the reference
+# ## 3. KL at the reference (not graded)
 #
-# Write `exact_kl(logp, ref_logp)` $= \sum_a \pi(a)(\log\pi(a) - \log\pi_{\text{ref}}(a))$ from
-# log-probabilities, then compute `zero_kl` (the reference against itself) and `final_kl`
-# (the trained policy `final_logp` against `ref_logp`).
+# The library's `categorical_kl(logp, ref_logp)` is the exact $\sum_a \pi(a)(\log\pi(a) - \log\pi_{\text{ref}}(a))$
+# from log-probabilities, in nats.
 
 # %% [markdown]
-# **Predict** (not graded, but write it down *before* running the next cell):
+# **Prediction** (not graded, but write it down *before* running the next cell):
 # is `zero_kl` exactly 0.0, or only approximately? Is `final_kl` larger, and roughly how
 # large (the lesson printed the final KL earlier)?
 #
 # *My prediction:* 
 
-# %% nbgrader={"grade": false, "grade_id": "exact_kl_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def exact_kl(logp, ref_logp):
-    """KL(pi || pi_ref) = sum_a exp(logp_a) (logp_a - ref_logp_a), in nats. logp, ref_logp: [n]."""
-    ### BEGIN SOLUTION
-    return jnp.sum(jnp.exp(logp) * (logp - ref_logp))
-    ### END SOLUTION
-
-
-# %% nbgrader={"grade": false, "grade_id": "kl_values_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-# define zero_kl (reference vs itself) and final_kl (final_logp vs ref_logp) as Python floats
-### BEGIN SOLUTION
-zero_kl = float(exact_kl(ref_logp, ref_logp))
-final_kl = float(exact_kl(final_logp, ref_logp))
-### END SOLUTION
-print("Reference/final KL:", zero_kl, final_kl)
-
-# %% nbgrader={"grade": true, "grade_id": "test_zero_kl", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_zero_kl: KL at the reference is exactly 0.0, the trained policy's KL is larger (0.7824773), exact_kl matches the reference KL on fresh pairs
-### BEGIN HIDDEN TESTS
-grading.judge("test_zero_kl")
-### END HIDDEN TESTS
-assert zero_kl == 0.0 and final_kl > zero_kl, (
-    f"KL of the reference against itself must be exactly 0.0 and the trained policy's larger; "
-    f"got zero_kl = {zero_kl}, final_kl = {final_kl}")
+# %% nbgrader={"grade": false, "grade_id": "kl_values_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+zero_kl = float(categorical_kl(ref_logp, ref_logp))      # the reference against itself
+final_kl = float(categorical_kl(final_logp, ref_logp))    # the trained policy against the reference
+print("Reference/final KL (nats):", zero_kl, final_kl)
+print("exactly zero at the reference:", zero_kl == 0.0)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "transfer_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 4. Transfer: several prompts, detached behaviour information
@@ -206,9 +181,12 @@ assert zero_kl == 0.0 and final_kl > zero_kl, (
 # `ref_logp` are `[P, n]`, `old_logp`, `actions` and `advantages` are `[P, B]` (action
 # `actions[p, i]` was sampled for prompt `p`). The loss is minus the signed clipped
 # surrogate averaged over all `P * B` samples, plus `beta` times the exact KL averaged over
-# prompts. Write it yourself (no library PPO functions), and make sure `old_logp` and
-# `advantages` stay constants. Then compute the gradients of *your* loss with respect to
-# them on the given batch.
+# prompts. You may use `clipped_surrogate` and `categorical_kl` (not the library's `ppo_loss`):
+# what this task asks for is the gathering per prompt, the averaging, and keeping `old_logp` and
+# `advantages` constants. Then compute the gradients of *your* loss with respect to them on the
+# given batch.
+#
+# ### Task 4.2: `multi_prompt_ppo_loss` (4 points)
 
 # %% nbgrader={"grade": false, "grade_id": "transfer_batch", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # P = 4 prompts that share the lesson's three actions; B = 8 sampled actions per prompt
@@ -277,9 +255,13 @@ assert not np.any(old_grad), "gradient flows into old_logp: wrap the behaviour l
 # Write `analytic_optimum(ref_logp, rewards, beta)` (log-probabilities, computed in log space)
 # and `regularised_objective(logp, rewards, ref_logp, beta)`, then evaluate $J$ for the
 # reference, the trained policy and the optimum at $\beta = 0.2$.
+#
+# ### Task 4.3: `analytic_optimum` (2 points)
+#
+# ### Task 4.4: `regularised_objective` and the three values (2 points)
 
 # %% [markdown]
-# **Predict** (not graded, but write it down *before* running the next cell):
+# **Prediction** (not graded, but write it down *before* running the next cell):
 # order the three objective values (reference, trained, optimum). Should forty sampled PPO
 # rollouts reach the optimum exactly? Why or why not?
 #
@@ -336,13 +318,15 @@ print("optimum bound: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 6. Diagnose the result
+#
+# ### Task 4.5: diagnose the result (2 points)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # A classmate's run prints ratios that are exactly 1.0 on every inner step, a clip fraction
 # (the share of a batch's samples whose ratio lies outside $[1-\varepsilon, 1+\varepsilon]$, where
 # the clip removes the incentive) of 0 throughout, and a reward curve that still rises. In a second project the learned
 # reward keeps rising while an independent human evaluation gets worse. For each case,
-# say what you suspect and one concrete check you would run to confirm it (2 points).
+# say what you suspect and one concrete check you would run to confirm it (the clip fraction is defined in notebook 3, section 3).
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "diagnose_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -369,9 +353,11 @@ print("optimum bound: visible checks passed")
 # ## 7. Check your understanding
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "understanding_q1", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Q1.** Name the four objects with different lifetimes in this lesson (current policy, old
+# ### Task 4.6: the four lifetimes (2 points)
+#
+# Name the four objects with different lifetimes in this lesson (current policy, old
 # behaviour policy, reference policy, reward model) and say when each one changes. What goes
-# wrong if the KL is measured against the old policy instead of the reference? (2 points)
+# wrong if the KL is measured against the old policy instead of the reference?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "understanding_a1", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -391,10 +377,12 @@ print("optimum bound: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "understanding_q2", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Q2.** Why must the minimum be taken over the products $\rho A$ and
+# ### Task 4.7: the signed minimum and the optimum (2 points)
+#
+# Why must the minimum be taken over the products $\rho A$ and
 # $\operatorname{clip}(\rho)A$ rather than over the ratios? And why does the analytic optimum
 # bound the trained policy's regularised objective without implying that forty PPO rollouts
-# reach it? (2 points)
+# reach it?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "understanding_a2", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -421,7 +409,7 @@ print("optimum bound: visible checks passed")
 # while autograding).
 
 # %% [markdown]
-# **Predict** (not graded, but write it down *before* running the next cell):
+# **Prediction** (not graded, but write it down *before* running the next cell):
 # if you lower β from 0.2 to 0.05, what happens to the final KL and the final reward? What
 # about a much smaller ε?
 #
@@ -442,3 +430,71 @@ else:
             explore()
         except Exception as err:  # the explorer is optional: never break the notebook
             print(f"The live explorer could not start: {type(err).__name__}: {err}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "recap_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Recap
+#
+# * **Four lifetimes.** Current policy: every inner step. Old log-probabilities and advantages: once
+#   per rollout. Reference and reward model: the whole run. Measuring the KL against the old policy
+#   instead of the reference removes the anchor.
+# * **The signed clip.** $\min(\rho A, \operatorname{clip}(\rho)A)$ over the products; it removes the
+#   incentive on samples already past the band in the direction their advantage favours, and is
+#   not a trust region: the β·KL term keeps its gradient when every surrogate term is clipped.
+# * **Reward beside KL.** The optimum $\pi^* \propto \pi_{\text{ref}}e^{r/\beta}$ trades them exactly;
+#   a run is judged by both numbers, never by the reward alone.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "dpo_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## From $\pi^*$ to DPO
+#
+# The optimum of section 5 can be read backwards: $\pi^*(a) = \pi_{\text{ref}}(a)\,e^{r(a)/\beta}/Z$ gives
+# $r(a) = \beta\log\frac{\pi^*(a)}{\pi_{\text{ref}}(a)} + \beta\log Z$. Put this into the Bradley-Terry
+# loss of notebook 1: $Z$ cancels in the margin between the chosen and the rejected response, so
+# the preference loss can be written directly in terms of a policy,
+# $\operatorname{softplus}\!\big(-\beta[\log\tfrac{\pi_\theta(y_w)}{\pi_{\text{ref}}(y_w)} -
+# \log\tfrac{\pi_\theta(y_l)}{\pi_{\text{ref}}(y_l)}]\big)$. That is Direct Preference Optimisation: no
+# reward model and no PPO loop, but the same regularised objective (`ppo_sequences` fits it).
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "limits_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## What this bandit cannot show
+#
+# A language-model PPO run differs in ways three actions cannot show:
+#
+# * **Token masks.** A response is a sequence of tokens; padding must be masked out of every mean,
+#   while the end-of-sequence token must be kept.
+# * **Termination.** Responses end at different lengths, and the reward arrives only at the last
+#   token, so credit has to travel back through the sequence.
+# * **A value estimator.** The exact baseline $\sum_a \pi(a) r(a)$ used here cannot be summed over all
+#   sequences; a learned critic and GAE estimate it, with their own bias and variance.
+# * **Sampled KL.** The exact KL cannot be summed either; only estimators such as `k1` and `k3` are
+#   available. `ppo_sequences` covers all four.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "checklist_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Debugging checklist
+#
+# The hidden tests name these mistakes; check them in this order when a run looks wrong.
+#
+# 1. **Ratios exactly 1 after the first inner step, clip fraction 0:** `old_logp` is recomputed
+#    inside the inner loop; compute it once per rollout.
+# 2. **KL stays near 0 while the policy moves:** the KL is measured against the old policy, or the
+#    reference shares memory with the parameters (a view, `np.asarray`); pass the fixed `ref_logp`,
+#    and snapshot with a copy.
+# 3. **Negative-advantage samples never bounded below:** the minimum was taken over the ratios;
+#    take it over the products.
+# 4. **Non-zero gradient with respect to `old_logp` or the advantages:** wrap them in `stop_gradient`.
+# 5. **Learning but biased:** no baseline, or a batch-mean baseline where the exact one is asked.
+# 6. **Numbers equal to the printed ones, but wrong on fresh inputs:** values copied, not computed.
+# 7. **NaN for a small β:** $e^{r/\beta}$ overflowed; work in log space.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "reading_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Further reading
+#
+# * Schulman, Wolski, Dhariwal, Radford, Klimov (2017), *Proximal Policy Optimization Algorithms*: the
+#   clipped surrogate.
+# * OpenAI Spinning Up, *Proximal Policy Optimization*: a short derivation with pseudocode.
+# * Huang et al. (2022), *The 37 Implementation Details of Proximal Policy Optimization* (ICLR blog
+#   track): where clip fraction and `approx_kl` come from, and what implementations add.
+# * Ziegler et al. (2019), *Fine-Tuning Language Models from Human Preferences*: the KL-penalised
+#   reward in language models.
+# * Ouyang et al. (2022), *Training language models to follow instructions with human feedback*: the
+#   full RLHF pipeline.
+# * Rafailov et al. (2023), *Direct Preference Optimization*: the loss above.

@@ -76,10 +76,9 @@ def preference_loss(w, chosen, rejected):
 # --- 02_reward_and_reference -----------------------------------------------------------------------
 
 SNAPSHOT_ALIASES_POLICY = '''\
-def snapshot_reference(policy_logits):
-    # normalises the policy's own buffer in place and returns it: the "reference" IS the parameters
-    policy_logits -= np.log(np.sum(np.exp(policy_logits)))
-    return policy_logits
+def snapshot_reference(params):
+    # np.asarray makes no copy of a float32 array: the "reference" IS the buffer the optimiser updates
+    return np.asarray(params, dtype=np.float32)
 '''
 
 # --- 03_rollouts -----------------------------------------------------------------------------------
@@ -112,6 +111,29 @@ KL_AGAINST_OLD_POLICY = _ROLLOUT_SIGNATURE + '''\
         _, grad = ppo_step(logits, old_logp, actions, advantages, old_logp_all, beta, epsilon)
         logits = logits - learning_rate * grad
     return logits
+'''
+
+DIAGNOSTICS_AFTER_STEP = '''\
+def inner_diagnostics(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
+                      learning_rate):
+    logits = jnp.asarray(logits, jnp.float32)
+    old_logp_all = jax.nn.log_softmax(logits)
+    actions = jax.random.categorical(draw_key, old_logp_all, shape=(batch_size,))
+    old_logp = old_logp_all[actions]
+    advantages = rewards[actions] - jnp.sum(jnp.exp(old_logp_all) * rewards)
+    rows = {"clip_frac": [], "k1": [], "k3": [], "exact_kl": [], "ratio": []}
+    for _ in range(epochs):
+        _, grad = ppo_step(logits, old_logp, actions, advantages, ref_logp, beta, epsilon)
+        logits = logits - learning_rate * grad
+        logp_all = jax.nn.log_softmax(logits)  # measured AFTER the step: the first ratios are not 1
+        log_r = logp_all[actions] - old_logp
+        r = jnp.exp(log_r)
+        rows["ratio"].append(np.asarray(r))
+        rows["clip_frac"].append(float(jnp.mean(jnp.abs(r - 1.0) > epsilon)))
+        rows["k1"].append(float(jnp.mean(-log_r)))
+        rows["k3"].append(float(jnp.mean((r - 1.0) - log_r)))
+        rows["exact_kl"].append(float(jnp.sum(jnp.exp(old_logp_all) * (old_logp_all - logp_all))))
+    return {**{name: np.array(values) for name, values in rows.items()}, "logits": np.asarray(logits)}
 '''
 
 HARD_CODED_RUN = '''\
@@ -253,11 +275,19 @@ MISTAKES: dict[str, dict] = {
     },
     "snapshot_aliases_policy": {
         "classic": False,
-        "description": "the reference is the policy's own buffer, normalised in place",
+        "description": "the reference is np.asarray of the parameters: the same buffer the optimiser updates in place",
         "notebook": NB_REWARD,
         "cell": "snapshot_reference_answer",
         "source": SNAPSHOT_ALIASES_POLICY,
-        "fails": {"test_reference_snapshot": "independent copy"},
+        "fails": {"test_reference_snapshot": "it shares memory with the parameters"},
+    },
+    "diagnostics_after_step": {
+        "classic": False,
+        "description": "the PPO diagnostics are measured after each inner step, so the first ratios are not 1",
+        "notebook": NB_ROLLOUTS,
+        "cell": "inner_diagnostics_answer",
+        "source": DIAGNOSTICS_AFTER_STEP,
+        "fails": {"test_inner_diagnostics": "measured AFTER each inner step"},
     },
     "transfer_no_stop_gradient": {
         "classic": False,

@@ -1,4 +1,8 @@
-"""Checks of ``ppo_rlhf/04_make_it_yours``: the experiments, the transfer task and the challenge."""
+"""Checks of ``ppo_rlhf/04_make_it_yours``: the baseline experiment, the transfer task and the challenge.
+
+The signed clip and the exact KL are given here (the library's ``clipped_surrogate`` and
+``categorical_kl``): they were graded in ``ppo_objective`` and in ``01_losses``.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -8,32 +12,6 @@ from .procedures import as_jax
 from .registry import check as register
 
 A, NB = "ppo_rlhf", "04_make_it_yours.ipynb"
-
-
-@register("test_clip_directions", task="signed_clip_terms", needs=("signed_clip_terms",),
-          forbid=("clipped_surrogate", "ppo_loss"), assignment=A, notebook=NB)
-def clip_directions(student, rng, ref):
-    """The worked example [2.4, -1.6], then fresh ratios of both advantage signs below, inside and above the band."""
-    named = student.call("signed_clip_terms", np.array([1.5, 0.5]), np.array([2.0, -2.0]), 0.2)
-    diagnose(named, [2.4, -1.6], lambda: {
-        "ratio clipped but the signed min was dropped (negative-advantage case wrong)": [2.4, -1.0],
-        "neither term is clipped: use min(rho*A, clip(rho, 1-eps, 1+eps)*A)": [3.0, -1.0],
-    }, "signed_clip_terms", atol=1e-6)
-    close(named, [2.4, -1.6], "terms for (1.5, 2) and (0.5, -2)", rtol=0.0, atol=1e-6)
-    eps = float(rng.uniform(0.1, 0.3))
-    ratios = np.concatenate([rng.uniform(0.3, 1 - eps - 0.02, 4), rng.uniform(1 - eps + 0.02, 1 + eps - 0.02, 4),
-                             rng.uniform(1 + eps + 0.02, 2.5, 4)])
-    advs = np.tile([1.0, -1.0], 6) * rng.uniform(0.2, 3.0, 12)
-    got = student.call("signed_clip_terms", ratios, advs, eps)
-    clipped = np.clip(ratios, 1 - eps, 1 + eps)
-    want = np.minimum(ratios * advs, clipped * advs)
-    diagnose(got, want, lambda: {
-        "ratio clipped but the signed min was dropped (negative-advantage case wrong)":
-            np.minimum(ratios, clipped) * advs,
-        "only the clipped product is used: the min with rho*A is missing": clipped * advs,
-        "the clip range ignores the epsilon argument": np.minimum(ratios * advs, np.clip(ratios, 0.8, 1.2) * advs),
-    }, "signed_clip_terms")
-    close(got, want, f"terms for fresh ratios and advantages of both signs (epsilon {eps:.3f})", rtol=1e-5, atol=1e-5)
 
 
 @register("test_score_terms", task="score_terms", needs=("score_terms",),
@@ -60,34 +38,6 @@ def score_terms(student, rng, ref):
         close(got, want, f"score terms for baseline c = {c:.3f}", rtol=1e-4, atol=1e-5)
         close(got.sum(axis=0), ref.exact_reward_gradient(logits, rewards),
               "sum of the score terms (the enumerated gradient)", rtol=1e-4, atol=1e-5)
-
-
-@register("test_zero_kl", task="exact_kl", needs=("zero_kl", "final_kl", "exact_kl"),
-          forbid=("categorical_kl", "regularised_objective", "ppo_loss"), assignment=A, notebook=NB)
-def zero_kl(student, rng, ref):
-    """KL at the reference is exactly 0.0, the trained policy's is 0.7824773, exact_kl matches on fresh pairs."""
-    import jax
-
-    zero, final = student.value("zero_kl"), student.value("final_kl")
-    equal(zero, 0.0, "zero_kl, the KL of the reference to itself",
-          hint="sum_a pi(a) (log pi(a) - log pi(a)) is exactly zero")
-    close(final, 0.7824773192405701, "final_kl of the trained policy (nats)", rtol=0.0, atol=1e-5)
-    check(bool(to_float(final, "final_kl") > to_float(zero, "zero_kl")),
-          "the trained policy's KL must be larger than the KL at the reference")
-    n = 3
-    for _ in range(3):
-        logp = np.asarray(jax.nn.log_softmax(rng.normal(size=n).astype(np.float32)))
-        ref_logp = np.asarray(jax.nn.log_softmax(rng.normal(size=n).astype(np.float32)))
-        equal(student.call("exact_kl", Jax(ref_logp), Jax(ref_logp)), 0.0, "exact_kl of a fresh reference against itself",
-              hint="compute it from log-probabilities so the difference is exactly zero")
-        got = student.call("exact_kl", Jax(logp), Jax(ref_logp))
-        lp, rp = logp.astype(np.float64), ref_logp.astype(np.float64)
-        want = ref.categorical_kl(logp, ref_logp)
-        diagnose(got, want, lambda: {
-            "KL direction reversed: weight by the CURRENT policy, KL(pi || pi_ref)": np.sum(np.exp(rp) * (rp - lp)),
-            "each log-ratio must be weighted by pi(a)": np.sum(lp - rp),
-        }, "exact_kl")
-        close(got, want, "exact_kl on a fresh pair", rtol=1e-5, atol=1e-6)
 
 
 def _prompts(rng) -> tuple:

@@ -60,15 +60,15 @@ def fit_reward_fresh(student, rng, ref):
           hint="the rewards are features @ w for every action")
 
 
-#: On the student's side: snapshot, then update the policy parameters in place as an optimiser would.
+#: On the student's side: snapshot the parameters, then update them in place as the given optimiser does.
 SNAPSHOT_THEN_UPDATE = Source('''
-def snapshot_then_update(policy, bump, snapshot_reference):
-    snap = snapshot_reference(policy)
-    policy_after_call = policy.copy()
+def snapshot_then_update(params, grad, snapshot_reference):
+    snap = snapshot_reference(params)
+    params_after_call = params.copy()
     frozen = np.array(snap, dtype=np.float64, copy=True)
-    policy += bump
-    policy *= np.float32(3.0)
-    return {"policy_after_call": policy_after_call, "snapshot": frozen,
+    params += np.float32(0.5) * grad   # the given optimiser's step: in place, like theta += lr * grad
+    params *= np.float32(3.0)
+    return {"params_after_call": params_after_call, "snapshot": frozen,
             "snapshot_after_update": np.array(snap, dtype=np.float64, copy=True)}
 ''', "snapshot_then_update")
 
@@ -76,18 +76,24 @@ def snapshot_then_update(policy, bump, snapshot_reference):
 @register("test_reference_snapshot", task="snapshot_reference", needs=("snapshot_reference",), forbid=ALL,
           assignment=A, notebook=NB)
 def reference_snapshot(student, rng, ref):
-    """log_softmax of fresh logits, the logits untouched, and no movement when they are updated in place."""
+    """Fresh NumPy parameters: the snapshot holds their values, leaves them untouched, and does not move
+    when the given optimiser updates them in place (returning the array itself, a view or a slice aliases)."""
     n = 3
-    policy = rng.normal(size=n).astype(np.float32)
-    bump = rng.normal(size=n).astype(np.float32)
-    out = student.scenario(SNAPSHOT_THEN_UPDATE, ("snapshot_reference",), policy, bump)
-    check(isinstance(out, dict) and set(out) == {"policy_after_call", "snapshot", "snapshot_after_update"},
+    params = rng.normal(size=n).astype(np.float32)
+    grad = rng.normal(size=n).astype(np.float32)
+    out = student.scenario(SNAPSHOT_THEN_UPDATE, ("snapshot_reference",), params, grad)
+    check(isinstance(out, dict) and set(out) == {"params_after_call", "snapshot", "snapshot_after_update"},
           "snapshot_reference: the grader's procedure returned something unexpected")
-    equal(out["policy_after_call"], policy, "policy logits after snapshot_reference",
-          hint="snapshot_reference must not modify the policy parameters: return an independent copy")
-    x = policy.astype(np.float64)
-    close(out["snapshot"], x - (np.max(x) + np.log(np.sum(np.exp(x - np.max(x))))), "reference log-probabilities",
-          rtol=1e-5, atol=1e-5, hint="return log_softmax(policy_logits)")
-    equal(out["snapshot_after_update"], out["snapshot"], "reference after in-place updates of the policy logits",
-          hint="the reference moved with the policy: it shares memory with the parameters, "
-               "return an independent copy")
+    equal(out["params_after_call"], params, "policy parameters after snapshot_reference",
+          hint="snapshot_reference must not modify the parameters it copies")
+    x = params.astype(np.float64)
+    if not matches(out["snapshot"], x, rtol=1e-6, atol=1e-6):
+        check(not matches(out["snapshot"], x - (np.max(x) + np.log(np.sum(np.exp(x - np.max(x))))),
+                          rtol=1e-5, atol=1e-5),
+              "snapshot_reference returned log-probabilities: return the reference PARAMETERS (a copy of the "
+              "logits); the KL code takes log_softmax of them itself")
+    close(out["snapshot"], x, "reference parameters right after the snapshot", rtol=1e-6, atol=1e-6,
+          hint="return a copy of the parameters (the logits), unchanged")
+    equal(out["snapshot_after_update"], out["snapshot"], "reference after in-place updates of the parameters",
+          hint="the reference moved with the policy: it shares memory with the parameters (the array itself, "
+               "a view, a slice or np.asarray of it); return an independent copy, e.g. params.copy()")

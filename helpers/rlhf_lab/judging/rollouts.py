@@ -187,3 +187,95 @@ def recorded_numbers(student, rng, ref):
     close(field(out, "kl", "run_ppo"), want_kl, "KL per rollout on a fresh short run", rtol=1e-4, atol=1e-5)
     close(field(out, "final_logits", "run_ppo"), want_logits, "final logits on a fresh short run",
           rtol=1e-4, atol=1e-5)
+
+
+def reference_diagnostics(ref, logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
+                          learning_rate, mistake: str | None = None) -> dict:
+    """The trusted rollout with its per-inner-epoch diagnostics (or one named ``mistake``).
+
+    Before inner step e (at the logits whose gradient that step takes), with the ratio
+    r_i = pi_theta(a_i) / pi_old(a_i) of the batch's samples: ``clip_frac[e]`` = mean(|r - 1| > eps),
+    ``k1[e]`` = mean(-log r), ``k3[e]`` = mean((r - 1) - log r), ``exact_kl[e]`` = KL(pi_old || pi_theta)
+    summed over all actions (the quantity k1 and k3 estimate, samples being drawn from pi_old),
+    ``ratio[e]`` = the [batch_size] ratios. ``logits`` = the logits after the last step.
+    Mistakes: ``after_step`` (measured after each step), ``k1_sign``, ``k3_sign``, ``kl_reversed``,
+    ``clip_inside`` (counts the ratios inside the band).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    logits = jnp.asarray(logits, jnp.float32)
+    rewards = jnp.asarray(rewards, jnp.float32)
+    ref_logp = jnp.asarray(ref_logp, jnp.float32)
+    old_all = jax.nn.log_softmax(logits)
+    actions = jax.random.categorical(draw_key, old_all, shape=(batch_size,))
+    old_logp = old_all[actions]
+    advantages = ref.exact_advantages(actions, rewards, old_all)
+    grad = jax.grad(ref.ppo_loss)
+    rows = {"clip_frac": [], "k1": [], "k3": [], "exact_kl": [], "ratio": []}
+
+    def measure(z):
+        logp_all = jax.nn.log_softmax(z)
+        log_r = np.asarray(logp_all[actions] - old_logp, np.float64)
+        r = np.exp(log_r)
+        outside = np.abs(r - 1.0) > epsilon
+        rows["clip_frac"].append(float(np.mean(~outside if mistake == "clip_inside" else outside)))
+        rows["k1"].append(float(np.mean(log_r if mistake == "k1_sign" else -log_r)))
+        rows["k3"].append(float(np.mean((r - 1.0) + log_r if mistake == "k3_sign" else (r - 1.0) - log_r)))
+        p_old, lp_old = np.exp(np.asarray(old_all, np.float64)), np.asarray(old_all, np.float64)
+        lp = np.asarray(logp_all, np.float64)
+        rows["exact_kl"].append(float(np.sum(np.exp(lp) * (lp - lp_old)) if mistake == "kl_reversed"
+                                      else np.sum(p_old * (lp_old - lp))))
+        rows["ratio"].append(r)
+
+    for _ in range(epochs):
+        if mistake != "after_step":
+            measure(logits)
+        logits = logits - learning_rate * grad(logits, old_logp, actions, advantages, ref_logp, beta, epsilon)
+        if mistake == "after_step":
+            measure(logits)
+    out = {k: np.array(v) for k, v in rows.items()}
+    out["logits"] = np.asarray(logits, np.float64)
+    return out
+
+
+#: The named mistakes of the diagnostics task, with the message a student sees.
+DIAGNOSTIC_MISTAKES = {
+    "after_step": "the metrics were measured AFTER each inner step: measure before the step, at the logits "
+                  "whose gradient it takes (then the first ratio is exactly 1)",
+    "k1_sign": "k1 has the wrong sign: k1 = mean(-log r) with r = pi_theta / pi_old",
+    "k3_sign": "k3 = mean((r - 1) - log r): the log term is subtracted",
+    "kl_reversed": "exact_kl is reversed: k1 and k3 estimate KL(pi_old || pi_theta) = sum_a pi_old(a) "
+                   "(log pi_old(a) - log pi_theta(a)), the samples come from pi_old",
+    "clip_inside": "the clip fraction counts the ratios INSIDE the band: count those with |r - 1| > epsilon",
+}
+
+
+@register("test_inner_diagnostics", task="inner_diagnostics", needs=("inner_diagnostics",),
+          forbid=LOOP_FORBID + ("clip_fraction",), assignment=A, notebook=NB)
+def inner_diagnostics(student, rng, ref):
+    """Fresh rollout, 4 inner steps: the first ratios are exactly 1, every metric per epoch matches the
+    trusted procedure, and each named mistake (measured after the step, signs, KL direction) is told."""
+    import jax
+
+    inputs, hyper = fresh_update_inputs(rng, epochs=4)
+    hyper["learning_rate"] = float(rng.uniform(1.0, 2.0))  # large enough that the clip binds from step 2
+    out = student.call("inner_diagnostics", Jax(inputs[0]), inputs[1], Jax(inputs[2]), Jax(inputs[3]), **hyper)
+    key = jax.random.key(inputs[1].seed)
+    want = reference_diagnostics(ref, inputs[0], key, inputs[2], inputs[3], **hyper)
+    ratio = to_float(field(out, "ratio", "inner_diagnostics"), "inner_diagnostics['ratio']")
+    check(ratio.shape == want["ratio"].shape,
+          f"inner_diagnostics['ratio'] must be [epochs, batch_size] = {list(want['ratio'].shape)}, "
+          f"got {list(ratio.shape)}")
+    for name in ("clip_frac", "k1", "k3", "exact_kl", "ratio"):
+        got = to_float(field(out, name, "inner_diagnostics"), f"inner_diagnostics[{name!r}]")
+        if not matches(got, want[name], rtol=1e-4, atol=1e-5):
+            for mistake, message in DIAGNOSTIC_MISTAKES.items():
+                wrong = reference_diagnostics(ref, inputs[0], key, inputs[2], inputs[3], **hyper, mistake=mistake)
+                check(not matches(got, wrong[name], rtol=1e-4, atol=1e-5), f"inner_diagnostics: {message}")
+        close(got, want[name], f"{name} per inner epoch on a fresh rollout", rtol=1e-4, atol=1e-5)
+    equal(ratio[0], np.ones(hyper["batch_size"]), "the ratios at the first inner step",
+          hint="before the first step pi_theta IS pi_old: compute both log-probabilities the same way "
+               "so exp(logp - old_logp) is exactly 1")
+    close(field(out, "logits", "inner_diagnostics"), want["logits"], "logits after the inner steps",
+          rtol=1e-4, atol=1e-5, hint="the diagnostics must not change the update: same steps as rollout_update")
