@@ -170,6 +170,16 @@ _JudgedExecute = type("Execute", (_judge.JudgeCells, _kernel_guard.Execute),
 c.Autograde.autograde_preprocessors = [
     _JudgedExecute if p is Execute else p for p in c.Autograde.autograde_preprocessors
 ]
+# The integrity pre-flight of the submitted files (rlhf_lab/instructor/integrity.py) and its withheld
+# points run inside every autograde, through nbgrader's convert hooks: before a submission is
+# converted, the pre-flight checks its folder, quarantines what must not run and removes it from the
+# list nbgrader grades; after nbgrader saved the auto scores, the points of blocked cells are
+# withheld (manual score 0, notebook flagged, reason in the comment). `nbgrader autograde`,
+# Formgrader's Autograde button, the course's commands and the Dask workers all read this file, so
+# the same files get the same grade on every path (rlhf_lab/instructor/preflight_hook.py).
+_preflight = _course_module("preflight_hook.py", "rlhf_lab_course_preflight_hook").hooks(_root, _db)
+c.Autograde.pre_convert_hook = _preflight.pre
+c.Autograde.post_convert_hook = _preflight.post
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import GetGrades  # noqa: E402
 
