@@ -69,6 +69,22 @@ def kl_divergence(logits_p, logits_q):
     return jnp.sum(jnp.exp(lp) * (lp - lq))
 
 
+def cap_numbers(ratio, advantage, epsilon=0.2, surrogate=ppo_surrogate):
+    unclipped = float(surrogate(ratio, advantage, epsilon, clip=False))
+    clipped = float(surrogate(ratio, advantage, epsilon, clip=True))
+    return unclipped, clipped, unclipped - clipped
+
+
+def surrogate_gradients(ratios, advantages, epsilon=0.2, surrogate=ppo.clipped_surrogate):
+    return jax.vmap(jax.grad(lambda r, a: surrogate(r, a, epsilon)))(jnp.asarray(ratios), jnp.asarray(advantages))
+
+
+def clipped_kl_loss(logits, old_logp, actions, advantages, ref_logits, beta, epsilon=0.2,
+                    surrogate=ppo.clipped_surrogate, kl=kl_divergence):
+    ratio = jnp.exp(jax.nn.log_softmax(logits)[actions] - old_logp)
+    return -jnp.mean(surrogate(ratio, advantages, epsilon)) + beta * kl(logits, ref_logits)
+
+
 def beta_sweep(reward_, kl, betas, penalize):
     penalised = penalize(reward_, betas, kl)
     return penalised, np.asarray(betas) * kl / reward_
@@ -140,7 +156,8 @@ RECORDED_RUN = {"initial_reward": 0.28191882, "reward": np.array([1.0, 1.9185448
 
 CORRECT = {
     "ppo_surrogate": ppo_surrogate, "surrogate_table": surrogate_table, "clip_boundary": clip_boundary,
-    "capped_ratio": 1.8, "capped_advantage": 1.5, "kl_divergence": kl_divergence,
+    "capped_ratio": 1.8, "capped_advantage": 1.5, "cap_numbers": cap_numbers, "kl_divergence": kl_divergence,
+    "surrogate_gradients": surrogate_gradients, "clipped_kl_loss": clipped_kl_loss,
     "penalized_reward": lambda r, b, k: r - b * k, "beta_sweep": beta_sweep,
     "preference_loss": reward.preference_loss, "ppo_loss": ppo.ppo_loss,
     "rewards": np.array([1.9811294, 0.327278, -2.3084073]), "reward_w": None, "fit_reward_model": fit_reward_model,
@@ -183,8 +200,10 @@ def test_every_test_cell_has_one_check_and_a_one_line_hidden_region():
     assert sorted(ids) == sorted(CHECKS)
 
 
-def test_the_bandit_assignments_have_their_27_checks():
-    assert len(BANDIT) == 27
+def test_the_bandit_assignments_have_their_checks():
+    count = {a: sum(CHECKS[n].assignment == a for n in BANDIT) for a in ("ppo_objective", "ppo_rlhf")}
+    assert count["ppo_objective"] == 9, count
+    assert count["ppo_rlhf"] == 20, count
 
 
 @pytest.mark.parametrize("name", BANDIT)
@@ -231,6 +250,60 @@ def test_kl_direction_and_log_space_are_named():
         return jnp.sum(sp * (jnp.log(sp) - jnp.log(sq)))
 
     _fails("test_kl_divergence", _with(kl_divergence=log_of_softmax), "log space")
+
+
+def test_capped_pair_grades_the_numbers_of_the_cap():
+    def reversed_lost(ratio, advantage, epsilon=0.2, surrogate=ppo_surrogate):
+        u, c, _ = cap_numbers(ratio, advantage, epsilon, surrogate)
+        return u, c, c - u
+
+    def pair_only(ratio, advantage, epsilon=0.2, surrogate=ppo_surrogate):  # the printout's numbers, always
+        return 2.7, 1.8, 0.9
+
+    _fails("test_capped_pair", _with(cap_numbers=reversed_lost), "lost is unclipped - clipped")
+    _fails("test_capped_pair", _with(cap_numbers=pair_only), "cap_numbers(ratio=")
+    _fails("test_capped_pair", _with(capped_ratio=0.3, capped_advantage=-1.0), "advantage must be positive")
+
+
+def test_gradient_column_is_exactly_zero_where_clipped():
+    def unclipped_grad(ratios, advantages, epsilon=0.2, surrogate=ppo.clipped_surrogate):
+        return jnp.asarray(advantages, jnp.float32)
+
+    def mean_grad(ratios, advantages, epsilon=0.2, surrogate=ppo.clipped_surrogate):
+        r, a = jnp.asarray(ratios), jnp.asarray(advantages)
+        return jax.grad(lambda x: jnp.mean(surrogate(x, a, epsilon)))(r)
+
+    def fixed_epsilon(ratios, advantages, epsilon=0.2, surrogate=ppo.clipped_surrogate):
+        return surrogate_gradients(ratios, advantages, 0.2, surrogate)
+
+    _fails("test_surrogate_gradients", _with(surrogate_gradients=unclipped_grad), "must have gradient exactly 0")
+    _fails("test_surrogate_gradients", _with(surrogate_gradients=mean_grad), "not the mean")
+    _fails("test_surrogate_gradients", _with(surrogate_gradients=fixed_epsilon), "surrogate_gradients on fresh cases")
+
+
+def test_clipped_kl_loss_keeps_the_kl_gradient_when_every_term_is_clipped():
+    def no_kl(logits, old_logp, actions, advantages, ref_logits, beta, epsilon=0.2,
+              surrogate=ppo.clipped_surrogate, kl=kl_divergence):
+        return clipped_kl_loss(logits, old_logp, actions, advantages, ref_logits, 0.0, epsilon, surrogate, kl)
+
+    def plus_surrogate(logits, old_logp, actions, advantages, ref_logits, beta, epsilon=0.2,
+                       surrogate=ppo.clipped_surrogate, kl=kl_divergence):
+        ratio = jnp.exp(jax.nn.log_softmax(logits)[actions] - old_logp)
+        return jnp.mean(surrogate(ratio, advantages, epsilon)) + beta * kl(logits, ref_logits)
+
+    def library_loss(logits, old_logp, actions, advantages, ref_logits, beta, epsilon=0.2,
+                     surrogate=ppo.clipped_surrogate, kl=kl_divergence):  # ignores the arguments it is given
+        return ppo.ppo_loss(logits, old_logp, actions, advantages, jax.nn.log_softmax(ref_logits), beta, epsilon)
+
+    def raw_logit_ratio(logits, old_logp, actions, advantages, ref_logits, beta, epsilon=0.2,
+                        surrogate=ppo.clipped_surrogate, kl=kl_divergence):
+        ratio = jnp.exp(jnp.asarray(logits)[actions] - old_logp)
+        return -jnp.mean(surrogate(ratio, advantages, epsilon)) + beta * kl(logits, ref_logits)
+
+    _fails("test_clipped_kl_loss", _with(clipped_kl_loss=no_kl), "The KL term is missing")
+    _fails("test_clipped_kl_loss", _with(clipped_kl_loss=plus_surrogate), "MINUS the surrogate")
+    _fails("test_clipped_kl_loss", _with(clipped_kl_loss=library_loss), "Call the surrogate argument")
+    _fails("test_clipped_kl_loss", _with(clipped_kl_loss=raw_logit_ratio), "raw logits")
 
 
 def test_penalty_sign_is_named():

@@ -37,7 +37,8 @@ SOURCE = ROOT / "source" / "ppo_objective"
 RECIPES = load_module(ROOT / "examples" / "mistakes" / "ppo_objective.py", "ppo_objective_mistakes")
 NB1, NB2 = "01_clipped_objective.ipynb", "02_kl_penalty_and_review.ipynb"
 NOTEBOOKS = (NB1, NB2)
-DISPLAY_ONLY = {"show_table", "ex1_sweep", "show_capped", "show_kl", "show_beta"}
+DISPLAY_ONLY = {"show_table", "ex1_sweep", "show_capped", "show_kl", "show_beta", "show_gradients",
+                "show_clipped_kl"}
 
 
 def _nbgrader(cell) -> dict:
@@ -136,6 +137,13 @@ def test_worked_examples_reproduce_the_module(correct_runs):
     assert "= 0.0072039 nats" in kl and "= 1.9827589 nats" in kl and "close 0.99928, far 0.80172" in kl
     beta = correct_runs[NB2]["show_beta"]["stdout"]
     assert "19.83%" in beta and "-0.98276" in beta
+    capped = correct_runs[NB1]["show_capped"]["stdout"]
+    assert "unclipped 2.7000, clipped 1.8000, the clip removes 0.9000 (33% of the incentive)" in capped, capped
+    grads = [row.split("d/d ratio=")[1] for row in correct_runs[NB2]["show_gradients"]["stdout"].strip().splitlines()]
+    assert grads == ["+0.00", "+1.00", "-1.00", "+0.00", "+1.00"], grads
+    clipped = correct_runs[NB2]["show_clipped_kl"]["stdout"]
+    assert "beta = 0:   [0. 0. 0. 0.]" in clipped, clipped
+    assert clipped.count("[ 0.093956 -0.049622 -0.032211 -0.012122]") == 2, clipped
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES.ALL_MISTAKES))

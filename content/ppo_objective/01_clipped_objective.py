@@ -11,8 +11,14 @@
 #
 # PPO updates a policy with an objective that rewards good actions, but only up to a point.
 # In this notebook you build that objective in JAX, tabulate how it behaves in five
-# situations, locate the exact ratio where the clip starts to bind, and construct a case
-# where the clip holds back an update that was actually deserved.
+# situations, locate the exact ratio where the clip starts to bind, and measure what the clip
+# takes away from an update that was actually deserved.
+#
+# **You will be able to** write PPO's signed clipped surrogate, say for each sign of the
+# advantage which end of the clip band can bind, and find that end by a sweep.
+# **Prerequisites:** Python and NumPy, the idea of a policy gradient (raise the probability of
+# actions with a positive advantage), and `jax.numpy` at the level of `jnp.clip` and
+# `jnp.minimum`. **Expected time:** about one hour.
 #
 # **Scope.** Everything here runs on hand-picked numbers. Nothing collects rollouts, fits a
 # critic or updates a language model: we check the *mechanics of the objective*, which is the
@@ -20,9 +26,12 @@
 #
 # Run the cells from top to bottom. Cells marked **Predict** are for you: write down a guess
 # before running the experiment below it (not graded, but it is how the surprises stick).
+# Every graded piece is a numbered task, **Task 1.1** to **Task 1.5**.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_part1", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Points.** This notebook: **18 points**. The whole assignment `ppo_objective` (two notebooks) is worth **40 points**: 25 autograded and 15 graded by hand.
+# **Points.** This notebook: **18 points**. The whole assignment `ppo_objective` (two notebooks) is worth **46 points**: 31 autograded and 15 graded by hand.
+#
+# Tasks and the cells that grade them: Task 1.1 `test_ppo_surrogate`, Task 1.2 `test_surrogate_table`, Task 1.3 `test_clip_boundary`, Task 1.4 `test_capped_pair`, Task 1.5 `ex3_explanation`.
 #
 # | graded cell | points | how |
 # |---|---|---|
@@ -76,7 +85,7 @@ CASE_ADVANTAGES = jnp.array([1.0, 1.0, -1.0, -1.0, 1.0])
 # the sign of the advantage decides which end of the clip range can matter.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ### Task 1: `ppo_surrogate` (6 points)
+# ### Task 1.1: `ppo_surrogate` (6 points)
 #
 # Implement `ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True)` with `jax.numpy`:
 #
@@ -128,14 +137,16 @@ grading.judge("test_ppo_surrogate")
 ### END HIDDEN TESTS
 # Visible checks: the five cases of the table.
 np.testing.assert_allclose(ppo_surrogate(CASE_RATIOS, CASE_ADVANTAGES, clip=False),
-                           [1.8, 1.05, -1.8, -0.3, 0.3], atol=1e-6)
+                           [1.8, 1.05, -1.8, -0.3, 0.3], atol=1e-6,
+                           err_msg="clip=False must return ratio * advantage (DESIRED is the expected value)")
 np.testing.assert_allclose(ppo_surrogate(CASE_RATIOS, CASE_ADVANTAGES),
-                           [1.2, 1.05, -1.8, -0.8, 0.3], atol=1e-6)
+                           [1.2, 1.05, -1.8, -0.8, 0.3], atol=1e-6,
+                           err_msg="clip=True must return min(ratio*A, clip(ratio)*A) (DESIRED is the expected value)")
 print("ppo_surrogate: visible checks passed")
 
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ### Task 2: the five-case table (3 points)
+# ### Task 1.2: the five-case table (3 points)
 #
 # Implement `surrogate_table(ratios, advantages, epsilon=0.2, surrogate=ppo_surrogate)`. It
 # returns a tuple `(unclipped, clipped, diverge)` of three arrays with one entry per case:
@@ -180,9 +191,12 @@ grading.judge("test_surrogate_table")
 _ref = lambda r, a, epsilon=0.2, clip=True: (
     grading.reference.clipped_surrogate(r, a, epsilon) if clip else jnp.asarray(r) * a)
 u, c, d = surrogate_table(CASE_RATIOS, CASE_ADVANTAGES, surrogate=_ref)
-np.testing.assert_allclose(u, [1.8, 1.05, -1.8, -0.3, 0.3], atol=1e-6)
-np.testing.assert_allclose(c, [1.2, 1.05, -1.8, -0.8, 0.3], atol=1e-6)
-assert list(np.asarray(d)) == [True, False, False, True, False], d
+np.testing.assert_allclose(u, [1.8, 1.05, -1.8, -0.3, 0.3], atol=1e-6,
+                           err_msg="unclipped column (DESIRED is the expected value)")
+np.testing.assert_allclose(c, [1.2, 1.05, -1.8, -0.8, 0.3], atol=1e-6,
+                           err_msg="clipped column (DESIRED is the expected value)")
+_want = [True, False, False, True, False]
+assert [bool(x) for x in np.asarray(d)] == _want, f"diverge column: expected {_want}, got {[bool(x) for x in np.asarray(d)]}"
 print("surrogate_table: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "read_table", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -194,7 +208,7 @@ print("surrogate_table: visible checks passed")
 # weakens a correction.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ex1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Exercise 1: find the clip boundary by a sweep (4 points)
+# ### Task 1.3: find the clip boundary by a sweep (4 points)
 #
 # Sweep the ratio over the grid `DEFAULT_RATIOS` = 0.50, 0.55, ..., 2.00 (31 points) with a
 # fixed advantage and watch the `diverge` column: for $A > 0$ it is `False` up to the clip
@@ -283,23 +297,31 @@ grading.judge("test_clip_boundary")
 # Visible checks on the default grid (a reference surrogate is passed in).
 _ref = lambda r, a, epsilon=0.2, clip=True: (
     grading.reference.clipped_surrogate(r, a, epsilon) if clip else jnp.asarray(r) * a)
-assert abs(clip_boundary(0.2, 1.0, surrogate=_ref) - 1.2) < 1e-6
-assert abs(clip_boundary(0.2, -1.0, surrogate=_ref) - 0.8) < 1e-6
-assert isinstance(clip_boundary(0.2, 1.0, surrogate=_ref), float)
+for _adv, _want in ((1.0, 1.2), (-1.0, 0.8)):
+    _got = clip_boundary(0.2, _adv, surrogate=_ref)
+    assert isinstance(_got, float), f"clip_boundary must return a Python float, got {type(_got).__name__}"
+    assert abs(_got - _want) < 1e-6, f"clip_boundary(0.2, {_adv:+.0f}): expected {_want}, got {_got}"
 print("clip_boundary: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ex3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Exercise 3: a deserved update that the clip caps anyway (5 points)
+# ### Task 1.4: the numbers of a capped update (2 points)
 #
 # Advantages are estimates. Sometimes an action really is much better than expected and a
 # large increase of its probability would be right, yet PPO still caps what one step may earn
-# for it.
+# for it. Here you measure by how much.
 #
-# Set `capped_ratio` and `capped_advantage` to a pair where the advantage is **positive**
-# (the action is good), the ratio is **above $1+\varepsilon$** ($\varepsilon = 0.2$) and the
-# clipped objective is **strictly smaller** than the unclipped one
-# (2 points, checked against the library's reference).
-# Then explain the trade-off below (3 points).
+# 1. Set `capped_ratio` and `capped_advantage` to a pair where the advantage is **positive**
+#    (the action is good), the ratio is **above $1+\varepsilon$** ($\varepsilon = 0.2$) and the
+#    clipped objective is **strictly smaller** than the unclipped one.
+# 2. Implement `cap_numbers(ratio, advantage, epsilon=0.2, surrogate=ppo_surrogate)` returning
+#    the three numbers that show the cap, as a tuple `(unclipped, clipped, lost)`:
+#    `unclipped = surrogate(ratio, advantage, epsilon, clip=False)`, `clipped` the same with
+#    `clip=True`, and `lost = unclipped - clipped`, the incentive the clip removes (0 when the
+#    clip does not bind, never negative).
+#
+# As before, call the `surrogate` argument: the hidden tests pass a trusted one in and check
+# `cap_numbers` on fresh ratios, advantages and epsilons, both signs, inside and outside the band.
+# Then explain the trade-off (Task 1.5, 3 points).
 
 # %% [markdown]
 # **Predict.** For your pair, how much of the unclipped objective will the clip remove?
@@ -307,27 +329,54 @@ print("clip_boundary: visible checks passed")
 # *My prediction:*
 
 # %% nbgrader={"grade": false, "grade_id": "capped_pair", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# Task 1.4, part 1: a good action whose ratio is above 1 + epsilon
 ### BEGIN SOLUTION
 capped_ratio = 1.8       # a good action whose probability the update nearly doubled
 capped_advantage = 1.5   # and that really was much better than expected
 ### END SOLUTION
 
+# %% nbgrader={"grade": false, "grade_id": "cap_numbers", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def cap_numbers(ratio, advantage, epsilon=0.2, surrogate=ppo_surrogate):
+    """What the clip takes from one sample: (unclipped, clipped, lost).
+
+    unclipped = ratio * A; clipped = min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon) * A);
+    lost = unclipped - clipped >= 0 (the incentive removed by the clip). ratio, advantage and
+    epsilon are scalars; epsilon is held fixed.
+
+    Returns:
+      tuple of three scalars (numbers or 0-d arrays).
+    """
+    ### BEGIN SOLUTION
+    unclipped = surrogate(ratio, advantage, epsilon, clip=False)
+    clipped = surrogate(ratio, advantage, epsilon, clip=True)
+    return unclipped, clipped, unclipped - clipped
+    ### END SOLUTION
+
+
 # %% nbgrader={"grade": false, "grade_id": "show_capped", "locked": true, "schema_version": 3, "solution": false, "task": false}
-u = float(ppo_surrogate(capped_ratio, capped_advantage, EPSILON, clip=False))
-c = float(ppo_surrogate(capped_ratio, capped_advantage, EPSILON))
+u, c, lost = cap_numbers(capped_ratio, capped_advantage, EPSILON)
 print(f"ratio={capped_ratio}, A={capped_advantage}: unclipped {u:.4f}, clipped {c:.4f}, "
-      f"the clip removes {u - c:.4f} ({(u - c) / u:.0%} of the incentive)")
+      f"the clip removes {lost:.4f} ({lost / u:.0%} of the incentive)")
 
 # %% nbgrader={"grade": true, "grade_id": "test_capped_pair", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_capped_pair: the pair has A > 0, a ratio above 1 + epsilon and a clipped objective strictly below the unclipped one
+# test_capped_pair: the pair has A > 0, a ratio above 1 + epsilon and a clipped objective strictly below the unclipped one; cap_numbers gives (unclipped, clipped, lost) on fresh cases
 ### BEGIN HIDDEN TESTS
 grading.judge("test_capped_pair")
 ### END HIDDEN TESTS
-assert capped_advantage > 0 and capped_ratio > 1 + EPSILON
+assert capped_advantage > 0, f"the advantage must be positive (a good action), got {capped_advantage}"
+assert capped_ratio > 1 + EPSILON, f"the ratio must lie above 1 + epsilon = {1 + EPSILON}, got {capped_ratio}"
+_ref = lambda r, a, epsilon=0.2, clip=True: (
+    grading.reference.clipped_surrogate(r, a, epsilon) if clip else jnp.asarray(r) * a)
+for _case, _want in (((1.8, 1.0), (1.8, 1.2, 0.6)), ((1.8, -1.0), (-1.8, -1.8, 0.0)), ((1.1, 2.0), (2.2, 2.2, 0.0))):
+    _got = cap_numbers(*_case, surrogate=_ref)
+    assert len(_got) == 3, f"cap_numbers{_case} must return (unclipped, clipped, lost), got {_got}"
+    assert np.allclose(_got, _want, atol=1e-5), f"cap_numbers{_case}: expected {_want}, got {tuple(float(x) for x in _got)}"
 print("capped pair: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ex3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Explain (3 points).** Using the numbers printed above: what
+# ### Task 1.5: explain the trade-off (3 points, graded by hand)
+#
+# Using the numbers printed above: what
 # does the clip take away from this update, and why does PPO accept that loss rather than
 # trust a single advantage estimate? What happens on the next iteration if the action really
 # is that good?
@@ -347,5 +396,5 @@ print("capped pair: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "end_nb1", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# Continue with `02_kl_penalty_and_review.ipynb`: the KL penalty, the beta sweep, the
-# independent challenge and the review questions.
+# Continue with `02_kl_penalty_and_review.ipynb`: the KL penalty, the β sweep, the gradients
+# of the clip and of the penalty, the independent challenge and the review questions.

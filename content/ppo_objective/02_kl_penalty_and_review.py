@@ -15,10 +15,18 @@
 # it subtracts β times the KL divergence from the **reference policy**, a copy of the
 # starting model (in practice, the supervised fine-tuned one) that is frozen for the whole run.
 #
+# **You will be able to** compute the exact KL between two categorical policies in log space,
+# say what β trades, and show with `jax.grad` which part of the PPO loss still pulls when every
+# surrogate term is clipped. **Prerequisites:** notebook 1 of this assignment, and `jax.grad`
+# on a scalar function. **Expected time:** about one and a half hours.
+#
 # As before, write a guess in each **Predict** cell before running the experiment under it.
+# Every graded piece is a numbered task, **Task 2.1** to **Task 2.12**.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_part2", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Points.** This notebook: **22 points**. The whole assignment `ppo_objective` (two notebooks) is worth **40 points**: 25 autograded and 15 graded by hand.
+# **Points.** This notebook: **28 points**. The whole assignment `ppo_objective` (two notebooks) is worth **46 points**: 31 autograded and 15 graded by hand.
+#
+# Tasks and the cells that grade them: Task 2.1 `test_kl_divergence`, Task 2.2 `test_penalized_reward`, Task 2.3 `test_beta_sweep`, Task 2.4 `ex2_discussion`, Task 2.5 `test_surrogate_gradients`, Task 2.6 `test_clipped_kl_loss`, Task 2.7 `challenge_answer`, Tasks 2.8 to 2.12 `cyu_q1` to `cyu_q5`.
 #
 # | graded cell | points | how |
 # |---|---|---|
@@ -26,6 +34,8 @@
 # | `test_penalized_reward` | 2 | autograded |
 # | `test_beta_sweep` | 3 | autograded |
 # | `ex2_discussion` | 3 | graded by hand |
+# | `test_surrogate_gradients` | 3 | autograded |
+# | `test_clipped_kl_loss` | 3 | autograded |
 # | `challenge_answer` | 4 | graded by hand |
 # | `cyu_q1` | 1 | graded by hand |
 # | `cyu_q2` | 1 | graded by hand |
@@ -64,11 +74,15 @@ BETA = 0.1
 # the exchange rate between reward and drift.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task4_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ### Task 4: `kl_divergence` (5 points)
+# ### Task 2.1: `kl_divergence` (5 points)
 #
 # Implement `kl_divergence(logits_p, logits_q)` = KL(p ‖ q) exactly for two categorical
-# distributions given by 1-D logits: `logits_p` is the current policy, `logits_q` the
-# reference. Return a scalar in nats.
+# distributions given by 1-D **logits** (unnormalised scores, not log-probabilities):
+# `logits_p` is the current policy, `logits_q` the reference. Return a scalar in nats.
+#
+# Mind the inputs: this function takes logits and normalises them itself. The course
+# library's `categorical_kl(logp, ref_logp)`, which you meet in `ppo_rlhf`, takes
+# **log-probabilities** that are already normalised (the output of `jax.nn.log_softmax`).
 #
 # Work in **log space**: get log-probabilities with `jax.nn.log_softmax`, not
 # `jnp.log(jax.nn.softmax(...))`. The latter turns a tiny probability into `log(0) = -inf` and
@@ -80,8 +94,9 @@ def kl_divergence(logits_p, logits_q):
     """Exact KL(p || q) = sum_a p(a) (log p(a) - log q(a)) in nats.
 
     Args:
-      logits_p: [n] logits of the current policy (the distribution doing the weighting).
-      logits_q: [n] logits of the frozen reference.
+      logits_p: [n] logits (not log-probabilities) of the current policy, the distribution
+        doing the weighting.
+      logits_q: [n] logits (not log-probabilities) of the frozen reference.
 
     Returns:
       scalar jax array, >= 0, exactly 0 when the two distributions are equal.
@@ -106,14 +121,17 @@ def kl_divergence(logits_p, logits_q):
 grading.judge("test_kl_divergence")
 ### END HIDDEN TESTS
 # Visible checks: the module's two numbers, and KL(p || p) = 0.
-np.testing.assert_allclose(kl_divergence(LOGITS_POLICY, LOGITS_REF_CLOSE), 0.0072039, atol=1e-6)
-np.testing.assert_allclose(kl_divergence(LOGITS_POLICY, LOGITS_REF_FAR), 1.9827589, atol=1e-6)
-assert float(kl_divergence(LOGITS_POLICY, LOGITS_POLICY)) == 0.0
+np.testing.assert_allclose(kl_divergence(LOGITS_POLICY, LOGITS_REF_CLOSE), 0.0072039, atol=1e-6,
+                           err_msg="KL(policy || close reference) in nats (DESIRED is the expected value)")
+np.testing.assert_allclose(kl_divergence(LOGITS_POLICY, LOGITS_REF_FAR), 1.9827589, atol=1e-6,
+                           err_msg="KL(policy || far reference) in nats (DESIRED is the expected value)")
+_self = float(kl_divergence(LOGITS_POLICY, LOGITS_POLICY))
+assert _self == 0.0, f"KL of a distribution with itself: expected exactly 0.0, got {_self}"
 print("kl_divergence: visible checks passed")
 
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task5_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ### Task 5: `penalized_reward` (2 points)
+# ### Task 2.2: `penalized_reward` (2 points)
 #
 # Implement `penalized_reward(reward, beta, kl)` = `reward - beta * kl`. It must work for
 # scalars and for arrays that broadcast (for example one `beta` and arrays of rewards and KLs).
@@ -131,8 +149,10 @@ def penalized_reward(reward, beta, kl):
 ### BEGIN HIDDEN TESTS
 grading.judge("test_penalized_reward")
 ### END HIDDEN TESTS
-np.testing.assert_allclose(penalized_reward(1.0, 0.1, 0.0072039), 0.99928, atol=1e-5)
-np.testing.assert_allclose(penalized_reward(1.0, 0.1, 1.9827589), 0.80172, atol=1e-5)
+np.testing.assert_allclose(penalized_reward(1.0, 0.1, 0.0072039), 0.99928, atol=1e-5,
+                           err_msg="penalized_reward(1.0, 0.1, 0.0072039) (DESIRED is the expected value)")
+np.testing.assert_allclose(penalized_reward(1.0, 0.1, 1.9827589), 0.80172, atol=1e-5,
+                           err_msg="penalized_reward(1.0, 0.1, 1.9827589) (DESIRED is the expected value)")
 print("penalized_reward: visible checks passed")
 
 # %% nbgrader={"grade": false, "grade_id": "show_kl", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -165,7 +185,7 @@ fig.tight_layout()
 # the reference.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ex2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Exercise 2: how sensitive is the penalty to β? (6 points)
+# ### Task 2.3: how sensitive is the penalty to β? (3 points)
 #
 # Implement `beta_sweep(reward, kl, betas, penalize=penalized_reward)` returning a tuple
 # `(penalised, share)` of two arrays, one entry per β:
@@ -174,9 +194,8 @@ fig.tight_layout()
 # * `share[i] = betas[i] * kl / reward`, the **fraction** of the raw reward the penalty
 #   consumes (0.198 means 19.8 %; `reward` is positive here).
 #
-# As in notebook 1, call the `penalize` argument: the tests pass a trusted one in
-# (3 points). Then discuss the result
-# (3 points).
+# As in notebook 1, call the `penalize` argument: the tests pass a trusted one in. Then
+# discuss the result (Task 2.4, 3 points).
 
 # %% [markdown]
 # **Predict.** For the far reference (KL ≈ 1.98 nats) and β in {0.01, 0.1, 0.5, 1.0}: from
@@ -236,12 +255,16 @@ grading.judge("test_beta_sweep")
 # Visible checks with the far reference's KL (a reference penalize is passed in).
 _pen, _share = beta_sweep(1.0, 1.9827589, jnp.array([0.01, 0.1, 0.5, 1.0]),
                           penalize=lambda r, b, k: r - b * k)
-np.testing.assert_allclose(_pen, [0.980172, 0.801724, 0.008621, -0.982759], atol=1e-5)
-np.testing.assert_allclose(_share, [0.019828, 0.198276, 0.991379, 1.982759], atol=1e-5)
+np.testing.assert_allclose(_pen, [0.980172, 0.801724, 0.008621, -0.982759], atol=1e-5,
+                           err_msg="penalised rewards (DESIRED is the expected value)")
+np.testing.assert_allclose(_share, [0.019828, 0.198276, 0.991379, 1.982759], atol=1e-5,
+                           err_msg="share of the raw reward consumed, as a fraction (DESIRED is the expected value)")
 print("beta_sweep: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ex2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Discuss (3 points).** Quote the shares you printed. In a real
+# ### Task 2.4: discuss the β trade-off (3 points, graded by hand)
+#
+# Quote the shares you printed. In a real
 # RLHF run, what does a team gain by choosing a larger β, and what does it give up?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "ex2_discussion", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
@@ -260,15 +283,202 @@ print("beta_sweep: visible checks passed")
 #   trade-off, often tuned or adapted to a KL target.
 # ### END SOLUTION
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "concept_grad", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Gradients: what the clip switches off, and what the KL keeps
+#
+# An optimiser follows the **gradient** of the objective, not its value. Differentiate one
+# surrogate term with respect to its own ratio:
+#
+# $$\frac{\partial}{\partial\rho}\min\big(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon)A\big)
+# = \begin{cases} 0 & \text{where the clipped product is the smaller one (the clip binds)}\\
+# A & \text{otherwise}\end{cases}$$
+#
+# Where the clip binds, the clipped product is a constant in $\rho$, so that sample stops
+# contributing to the update. This is a statement about single samples, not a band the policy
+# is kept inside: nothing stops the ratio from leaving $[1-\varepsilon, 1+\varepsilon]$, and
+# any other term of the loss still has its full gradient there. The section has two tasks:
+# the gradient column of notebook 1's five cases (Task 2.5), and the whole PPO loss with the
+# KL penalty when every term is clipped (Task 2.6).
+
+# %% nbgrader={"grade": false, "grade_id": "grad_cases", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from rlhf_lab.ppo import clipped_surrogate   # given: clipped_surrogate(ratio, advantage, epsilon), the signed clip of notebook 1
+
+EPSILON = 0.2
+# notebook 1's five situations (name, probability ratio, advantage)
+CASE_NAMES = (
+    "good action, ratio grew a lot",
+    "good action, ratio grew a little",
+    "bad action, ratio grew a lot",
+    "bad action, ratio shrank a lot",
+    "good action, ratio shrank a lot",
+)
+CASE_RATIOS = jnp.array([1.8, 1.05, 1.8, 0.3, 0.3])
+CASE_ADVANTAGES = jnp.array([1.0, 1.0, -1.0, -1.0, 1.0])
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task25_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Task 2.5: the gradient column (3 points)
+#
+# Implement `surrogate_gradients(ratios, advantages, epsilon=0.2, surrogate=clipped_surrogate)`.
+# It returns one number per case: the derivative of that case's term
+# `surrogate(ratio, advantage, epsilon)` with respect to its own ratio, computed with
+# `jax.grad` (for example `jax.vmap(jax.grad(...))` over the cases). The advantage and
+# epsilon are held fixed. `surrogate` takes three arguments, like the library's
+# `clipped_surrogate`; call the argument, the hidden tests pass their own in.
+
+# %% [markdown]
+# **Predict.** For each of the five cases, will the gradient be 0, +1 or −1? Which case
+# surprises you?
+#
+# *My prediction:*
+
+# %% nbgrader={"grade": false, "grade_id": "surrogate_gradients", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def surrogate_gradients(ratios, advantages, epsilon=0.2, surrogate=clipped_surrogate):
+    """d/d ratio_i of surrogate(ratio_i, advantage_i, epsilon), one value per case.
+
+    Args:
+      ratios: [n] probability ratios pi_new(a) / pi_old(a) (the variable).
+      advantages: [n] advantages (held fixed).
+      epsilon: clip range (held fixed).
+      surrogate: function surrogate(ratio, advantage, epsilon) -> objective term.
+
+    Returns:
+      [n] jax array: 0 where the clip binds, the advantage elsewhere.
+    """
+    ratios = jnp.asarray(ratios, dtype=jnp.float32)
+    advantages = jnp.asarray(advantages, dtype=jnp.float32)
+    ### BEGIN SOLUTION
+    one_term = lambda r, a: surrogate(r, a, epsilon)
+    return jax.vmap(jax.grad(one_term))(ratios, advantages)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "show_gradients", "locked": true, "schema_version": 3, "solution": false, "task": false}
+values = clipped_surrogate(CASE_RATIOS, CASE_ADVANTAGES, EPSILON)
+grads = surrogate_gradients(CASE_RATIOS, CASE_ADVANTAGES, EPSILON)
+for name, r, a, v, g in zip(CASE_NAMES, CASE_RATIOS, CASE_ADVANTAGES, values, grads):
+    print(f"{name:34s} ratio={float(r):4.2f} A={float(a):+4.1f} clipped={float(v):+7.4f} "
+          f"d/d ratio={float(g) + 0.0:+5.2f}")
+
+# %% nbgrader={"grade": true, "grade_id": "test_surrogate_gradients", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# test_surrogate_gradients: surrogate_gradients is the per-case d term / d ratio by jax.grad on fresh cases (exactly 0 where the clip binds, A elsewhere)
+### BEGIN HIDDEN TESTS
+grading.judge("test_surrogate_gradients")
+### END HIDDEN TESTS
+# Visible checks on the five cases (the library's surrogate is passed in).
+_got = np.asarray(surrogate_gradients(CASE_RATIOS, CASE_ADVANTAGES, surrogate=clipped_surrogate), np.float64)
+_want = np.array([0.0, 1.0, -1.0, 0.0, 1.0])
+assert _got.shape == (5,), f"one gradient per case: expected shape (5,), got {_got.shape}"
+assert np.allclose(_got, _want, atol=1e-6), f"gradients of the five cases: expected {_want}, got {_got}"
+print("surrogate_gradients: visible checks passed")
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "read_gradients", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Reading the column.** The two rows where the clip binds have gradient exactly 0: the
+# update no longer pushes those samples at all. The row "bad action, ratio grew a lot" keeps
+# its full gradient −1: for $A < 0$ the min picks the unclipped $\rho A$ (−1.8 is smaller
+# than −1.2), which still depends on $\rho$, so the update keeps pulling that action's
+# probability down however far the ratio has grown. Inside the band both products coincide
+# and the gradient is $A$.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task26_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Task 2.6: the KL gradient survives the clip (3 points)
+#
+# The PPO loss of one inner step, minimised by gradient descent, is
+#
+# $$L(\theta) = -\frac{1}{B}\sum_{i=1}^{B} \operatorname{surrogate}(\rho_i, A_i, \varepsilon)
+# + \beta\,\mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref}),\qquad
+# \rho_i = \exp\big(\log\pi_\theta(a_i) - \texttt{old\_logp}_i\big).$$
+#
+# Implement `clipped_kl_loss(logits, old_logp, actions, advantages, ref_logits, beta,
+# epsilon=0.2, surrogate=clipped_surrogate, kl=kl_divergence)`. Mind which inputs are logits
+# and which are log-probabilities:
+#
+# * `logits` ([n], trained): the current policy's **logits**; take
+#   `jax.nn.log_softmax(logits)[actions]` for $\log\pi_\theta(a_i)$;
+# * `old_logp` ([B], fixed for the batch): **log-probabilities** of the sampled actions under
+#   the old policy that collected the batch;
+# * `ref_logits` ([n], fixed for the run): the reference's **logits**, passed to `kl` as
+#   `kl(logits, ref_logits)`, your `kl_divergence` of Task 2.1;
+# * `actions` ([B] ints), `advantages` ([B], fixed), `beta`, `epsilon` (fixed).
+#
+# Call the `surrogate` and `kl` arguments: the hidden tests pass their own in, take
+# `jax.grad` of your loss on fresh batches, and check that when every term is clipped the
+# gradient is exactly β times the gradient of the KL.
+
+# %% nbgrader={"grade": false, "grade_id": "clipped_kl_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def clipped_kl_loss(logits, old_logp, actions, advantages, ref_logits, beta, epsilon=0.2,
+                    surrogate=clipped_surrogate, kl=kl_divergence):
+    """-mean_i surrogate(rho_i, A_i, epsilon) + beta * kl(logits, ref_logits), a scalar to minimise.
+
+    rho_i = exp(log_softmax(logits)[actions_i] - old_logp_i). Only ``logits`` is trained;
+    ``old_logp`` (log-probabilities, [B]), ``advantages`` ([B]) and ``ref_logits`` (logits,
+    [n]) are held fixed.
+    """
+    ### BEGIN SOLUTION
+    logp = jax.nn.log_softmax(jnp.asarray(logits, dtype=jnp.float32))
+    ratio = jnp.exp(logp[actions] - old_logp)
+    return -jnp.mean(surrogate(ratio, advantages, epsilon)) + beta * kl(logits, ref_logits)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "clip_batch", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# A batch collected by a uniform old policy, one sample of each action.
+OLD_LOGITS = jnp.zeros(4)                        # the old policy that collected the batch (uniform)
+ACTIONS = jnp.array([0, 1, 2, 3])                # one sample of each action
+ADVANTAGES = jnp.array([1.0, -1.0, -1.0, -1.0])
+OLD_LOGP = jax.nn.log_softmax(OLD_LOGITS)[ACTIONS]   # log-probabilities, fixed for the batch
+
+# %% [markdown]
+# **Predict.** In the batch above, with the current policy `LOGITS_POLICY`, every ratio is outside the band on the side where the clip binds.
+# What is the gradient of the surrogate part of the loss? Is the gradient of the whole loss
+# zero?
+#
+# *My prediction:*
+
+# %% nbgrader={"grade": false, "grade_id": "show_clipped_kl", "locked": true, "schema_version": 3, "solution": false, "task": false}
+ratios = jnp.exp(jax.nn.log_softmax(LOGITS_POLICY)[ACTIONS] - OLD_LOGP)
+print("ratios:", np.round(np.asarray(ratios), 4), "(A = +1 above 1.2, A = -1 below 0.8: every term clipped)")
+no_kl = jax.grad(clipped_kl_loss)(LOGITS_POLICY, OLD_LOGP, ACTIONS, ADVANTAGES, LOGITS_REF_FAR, 0.0)
+with_kl = jax.grad(clipped_kl_loss)(LOGITS_POLICY, OLD_LOGP, ACTIONS, ADVANTAGES, LOGITS_REF_FAR, BETA)
+kl_part = BETA * jax.grad(kl_divergence)(LOGITS_POLICY, LOGITS_REF_FAR)
+print("gradient of the loss with beta = 0:  ", np.round(np.asarray(no_kl), 6))
+print(f"gradient of the loss with beta = {BETA}:", np.round(np.asarray(with_kl), 6))
+print("beta * gradient of the KL alone:      ", np.round(np.asarray(kl_part), 6))
+
+# %% nbgrader={"grade": true, "grade_id": "test_clipped_kl_loss", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# test_clipped_kl_loss: clipped_kl_loss and its jax.grad match the PPO loss on fresh batches; with every term clipped the gradient is beta * grad KL
+### BEGIN HIDDEN TESTS
+grading.judge("test_clipped_kl_loss")
+### END HIDDEN TESTS
+# Visible checks on the batch above, with the library's surrogate and a stand-in for the KL whose
+# gradient is easy to check by hand (half the squared distance of the logits: gradient logits - ref_logits).
+_half_sq = lambda p, q: 0.5 * jnp.sum((jnp.asarray(p) - jnp.asarray(q)) ** 2)
+_args = (LOGITS_POLICY, OLD_LOGP, ACTIONS, ADVANTAGES, LOGITS_REF_FAR)
+_loss = float(clipped_kl_loss(*_args, 0.1, surrogate=clipped_surrogate, kl=_half_sq))
+assert abs(_loss - 1.1225) < 1e-5, f"loss on the clipped batch: expected 1.1225 (0.3 + 0.1 * 8.225), got {_loss}"
+for _beta, _want in ((0.0, [0.0, 0.0, 0.0, 0.0]), (0.1, [0.3, -0.15, -0.14, -0.18])):
+    _g = np.asarray(jax.grad(clipped_kl_loss)(*_args, _beta, surrogate=clipped_surrogate, kl=_half_sq), np.float64)
+    assert np.allclose(_g, _want, atol=1e-6), (f"gradient with every term clipped, beta={_beta}: expected "
+                                               f"beta * (logits - ref_logits) = {_want}, got {_g}")
+print("clipped_kl_loss: visible checks passed")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "read_clipped_kl", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Reading the gradients.** With β = 0 the gradient is exactly zero: every sample is
+# clipped, so the surrogate no longer moves the policy. With β = 0.1 the gradient is exactly
+# β times the KL's gradient. Clipping switches off the surrogate's incentive on those samples;
+# it does not hold the policy anywhere. The KL term keeps pulling towards the reference
+# whatever the ratios are.
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "challenge_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Independent challenge (4 points, graded by hand)
+# ### Task 2.7: independent challenge (4 points, graded by hand)
 #
-# Someone on your team argues that because the clip caps every update, a PPO-trained policy
-# can never move far, not even when the data say it should, and so RLHF with PPO cannot
-# work in practice.
+# A colleague claims that PPO can never make a large change to a policy, even a change the
+# data clearly support, because the clip caps every update; in their view this makes PPO
+# useless for RLHF.
 #
-# Judge that argument with what you measured in notebook 1 (quote your own numbers): is it
-# right, partly right or wrong, and why?
+# Is the claim right, partly right or wrong? Argue from what you measured in notebook 1 and
+# in the gradient section above (quote your own numbers).
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "challenge_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -288,12 +498,12 @@ print("beta_sweep: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cyu_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Check your understanding (5 points, 1 each, graded by hand)
+# ## Check your understanding: Tasks 2.8 to 2.12 (5 points, 1 each, graded by hand)
 #
 # Answer each question in two or three sentences in the cell below it.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cyu_q1_text", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Q1.** This assignment verifies two formulas of PPO and leaves the rest of a PPO iteration out. What does it leave out, and which two pieces does it verify?
+# **Task 2.8 (Q1, 1 point).** This assignment verifies two formulas of PPO and leaves the rest of a PPO iteration out. What does it leave out, and which two pieces does it verify?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q1", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -305,7 +515,7 @@ print("beta_sweep: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cyu_q2_text", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Q2.** Write the clipped surrogate objective. What does ε control, and what range of ratios does ε = 0.2 give?
+# **Task 2.9 (Q2, 1 point).** Write the clipped surrogate objective. What does ε control, and what range of ratios does ε = 0.2 give?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q2", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -316,7 +526,7 @@ print("beta_sweep: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cyu_q3_text", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Q3.** For ratio 1.8 and advantage +1, what are the unclipped and clipped objectives, and why do they differ?
+# **Task 2.10 (Q3, 1 point).** For ratio 1.8 and advantage +1, what are the unclipped and clipped objectives, and why do they differ?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q3", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -326,7 +536,7 @@ print("beta_sweep: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cyu_q4_text", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Q4.** For ratio 1.8 and advantage −1, work out both terms and the minimum. What does the result say about the clip's asymmetry?
+# **Task 2.11 (Q4, 1 point).** For ratio 1.8 and advantage −1, work out both terms and the minimum. What does the result say about the clip's asymmetry?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q4", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -337,7 +547,7 @@ print("beta_sweep: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cyu_q5_text", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Q5.** Compare the penalised rewards for the close and the far reference at β = 0.1. What does the comparison show?
+# **Task 2.12 (Q5, 1 point).** Compare the penalised rewards for the close and the far reference at β = 0.1. What does the comparison show?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q5", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
@@ -346,3 +556,14 @@ print("beta_sweep: visible checks passed")
 # reward is penalised in proportion to how far the policy has drifted from the frozen
 # reference (linear in KL at fixed beta).
 # ### END SOLUTION
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "reading_list", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Further reading
+#
+# * Schulman et al. (2017), *Proximal Policy Optimization Algorithms*: the clipped objective (section 3).
+# * OpenAI Spinning Up, *Proximal Policy Optimization*: the clip, its gradient, and early stopping on KL.
+# * Huang et al. (2022), *The 37 Implementation Details of Proximal Policy Optimization*: what the
+#   papers leave out.
+# * Ziegler et al. (2019), *Fine-Tuning Language Models from Human Preferences*, and Ouyang et al.
+#   (2022), *Training language models to follow instructions with human feedback*: the KL penalty
+#   against the supervised model in RLHF.

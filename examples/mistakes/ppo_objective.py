@@ -157,6 +157,18 @@ EXTRA_MISTAKES: dict[str, dict] = {
         "message": "the advantage must be positive",
         "description": "picks a clipped bad action instead of a capped good one",
     },
+    "cap_lost_reversed": {
+        "notebook": NB1,
+        "grade_id": "cap_numbers",
+        "code": '''def cap_numbers(ratio, advantage, epsilon=0.2, surrogate=ppo_surrogate):
+    unclipped = float(surrogate(ratio, advantage, epsilon, clip=False))
+    clipped = float(surrogate(ratio, advantage, epsilon, clip=True))
+    return unclipped, clipped, clipped - unclipped   # sign of the lost incentive reversed
+''',
+        "fails": ["test_capped_pair"],
+        "message": "lost is unclipped - clipped",
+        "description": "reports the lost incentive as clipped - unclipped (negative)",
+    },
     "kl_log_of_softmax": {
         "notebook": NB2,
         "grade_id": "kl_divergence",
@@ -189,6 +201,31 @@ EXTRA_MISTAKES: dict[str, dict] = {
         "fails": ["test_beta_sweep"],
         "message": "as a fraction (0.198), not a percentage",
         "description": "returns the consumed share in percent instead of as a fraction",
+    },
+    "gradient_of_unclipped_term": {
+        "notebook": NB2,
+        "grade_id": "surrogate_gradients",
+        "code": '''def surrogate_gradients(ratios, advantages, epsilon=0.2, surrogate=clipped_surrogate):
+    ratios = jnp.asarray(ratios, dtype=jnp.float32)
+    advantages = jnp.asarray(advantages, dtype=jnp.float32)
+    return jax.vmap(jax.grad(lambda r, a: r * a))(ratios, advantages)   # d(rho A)/d rho, the clip ignored
+''',
+        "fails": ["test_surrogate_gradients"],
+        "message": "must have gradient exactly 0",
+        "description": "differentiates the unclipped product rho*A, so no case ever has gradient 0",
+    },
+    "loss_without_kl": {
+        "notebook": NB2,
+        "grade_id": "clipped_kl_loss",
+        "code": '''def clipped_kl_loss(logits, old_logp, actions, advantages, ref_logits, beta, epsilon=0.2,
+                    surrogate=clipped_surrogate, kl=kl_divergence):
+    logp = jax.nn.log_softmax(jnp.asarray(logits, dtype=jnp.float32))
+    ratio = jnp.exp(logp[actions] - old_logp)
+    return -jnp.mean(surrogate(ratio, advantages, epsilon))   # the KL penalty forgotten
+''',
+        "fails": ["test_clipped_kl_loss"],
+        "message": "The KL term is missing",
+        "description": "leaves beta * KL out of the PPO loss (no gradient at all once every term is clipped)",
     },
 }
 

@@ -10,7 +10,7 @@ A = "ppo_objective"
 NB1, NB2 = "01_clipped_objective.ipynb", "02_kl_penalty_and_review.ipynb"
 
 #: The grader's own surrogate (NumPy, float32), handed to the table and the sweep so that a
-#: mistake in Task 1 is not charged again there.
+#: mistake in Task 1.1 is not charged again there.
 TRUSTED_SURROGATE = Source('''
 def trusted_surrogate(ratio, advantage, epsilon=0.2, clip=True):
     ratio = np.asarray(ratio, np.float32)
@@ -96,7 +96,8 @@ def ppo_surrogate(student, rng, ref):
         diag = ("Clip bounds wrong (epsilon not applied symmetrically): the ratio must be clipped to "
                 + bounds + ", using the epsilon argument.")
     elif not (is_("in+", "unc") and is_("in-", "unc")):
-        diag = "Inside the trust region the objective must equal ratio * advantage exactly."
+        diag = ("Inside the clip band [1 - epsilon, 1 + epsilon] the objective must equal ratio * advantage "
+                "exactly.")
     check(diag == "", "ppo_surrogate: " + diag)
     close(student.call("ppo_surrogate", CASE_R, CASE_A), FIVE_CLIPPED,
           "ppo_surrogate on the five cases (default epsilon=0.2)")
@@ -200,23 +201,50 @@ def clip_boundary(student, rng, ref):
         close(got, want, f"clip_boundary(epsilon={eps_c:.4f}, advantage={adv_c:+.3f}) on {label}", hint=hint, atol=1e-6)
 
 
-@register("test_capped_pair", task="Exercise 3", needs=("capped_ratio", "capped_advantage"), assignment=A,
-          notebook=NB1)
+@register("test_capped_pair", task="Task 1.4", needs=("capped_ratio", "capped_advantage", "cap_numbers"),
+          assignment=A, notebook=NB1)
 def capped_pair(student, rng, ref):
-    """A good action (A > 0) whose ratio is above 1 + epsilon, so the clip lowers its objective."""
+    """The pair: a good action (A > 0) above 1 + epsilon, so the clip lowers its objective. Then
+    cap_numbers = (unclipped, clipped, lost) on fresh cases (both signs, inside and outside the band)."""
     try:
         values = np.array([student.value("capped_ratio"), student.value("capped_advantage")],
                           dtype=np.float64).reshape(2)
     except Exception:  # noqa: BLE001 - anything that is not two numbers
         values = None
-    check(values is not None, "Exercise 3: capped_ratio and capped_advantage must each be one number.")
-    check(bool(np.all(np.isfinite(values))), "Exercise 3: the pair must be finite numbers.")
+    check(values is not None, "Task 1.4: capped_ratio and capped_advantage must each be one number.")
+    check(bool(np.all(np.isfinite(values))), "Task 1.4: the pair must be finite numbers.")
     r, a = float(values[0]), float(values[1])
-    check(a > 0, f"Exercise 3 asks for a GOOD action: the advantage must be positive (got {a}).")
-    check(r > 1.2, f"Exercise 3: the ratio must lie above 1 + epsilon = 1.2 so the clip can bind (got {r}).")
+    check(a > 0, f"Task 1.4 asks for a GOOD action: the advantage must be positive (got {a}).")
+    check(r > 1.2, f"Task 1.4: the ratio must lie above 1 + epsilon = 1.2 so the clip can bind (got {r}).")
     c = float(np.asarray(ref.clipped_surrogate(np.float32(r), np.float32(a), 0.2), np.float64))
-    check(c < r * a - 1e-6, f"Exercise 3: the clipped objective ({c:.6f}) must be strictly smaller than the "
+    check(c < r * a - 1e-6, f"Task 1.4: the clipped objective ({c:.6f}) must be strictly smaller than the "
                             f"unclipped one ({r * a:.6f}).")
+    eps = float(rng.uniform(0.1, 0.35))
+    cases = [  # (ratio, advantage): capped good action, capped bad action, not capped (both signs, in band)
+        (1 + eps + float(rng.uniform(0.1, 1.0)), float(rng.uniform(0.5, 2.5))),
+        ((1 - eps) * float(rng.uniform(0.1, 0.85)), -float(rng.uniform(0.5, 2.5))),
+        (1 + eps + float(rng.uniform(0.1, 1.0)), -float(rng.uniform(0.5, 2.5))),
+        ((1 - eps) * float(rng.uniform(0.1, 0.85)), float(rng.uniform(0.5, 2.5))),
+        (1 + eps * float(rng.uniform(-0.9, 0.9)), float(rng.choice([-1, 1]) * rng.uniform(0.5, 2.5))),
+    ]
+    for ratio, adv in cases:
+        ratio, adv = float(np.float32(ratio)), float(np.float32(adv))
+        unc = float(surrogate_np(ratio, adv, eps, clip=False))
+        cl = float(surrogate_np(ratio, adv, eps))
+        want = [unc, cl, unc - cl]
+        got = to_float(student.call("cap_numbers", ratio, adv, epsilon=eps, surrogate=TRUSTED_SURROGATE),
+                       "cap_numbers result")
+        what = f"cap_numbers(ratio={ratio:.4f}, advantage={adv:+.4f}, epsilon={eps:.4f})"
+        check(got.shape == (3,), f"{what} must return the three numbers (unclipped, clipped, lost), got an "
+                                 f"array of shape {got.shape}.")
+        hint = "Compute the numbers from the arguments with the surrogate argument."
+        if matches(got, [unc, cl, cl - unc]) and unc != cl:
+            hint = "lost is unclipped - clipped (the incentive the clip removes, never negative), not clipped - unclipped."
+        elif matches(got, [cl, unc, unc - cl]) and unc != cl:
+            hint = "The first two numbers are swapped: return (unclipped, clipped, lost) in that order."
+        elif unc != 0 and matches(got, [unc, cl, (unc - cl) / unc]) and unc != cl:
+            hint = "lost is the difference unclipped - clipped, not a share of the unclipped objective."
+        close(got, want, what, hint=hint, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -306,3 +334,191 @@ def beta_sweep(student, rng, ref):
             hint = "That is the share KEPT; the share CONSUMED is beta * kl / reward."
         close(got[1], share, what + ": share of the raw reward consumed", hint=hint, rtol=1e-4, atol=1e-6)
 
+
+
+# ------------------------------------------------------------------------------------------------
+# 02: the gradients of the clip and of the KL
+
+#: The grader's own surrogate with the library's signature, in JAX (differentiable).
+TRUSTED_JAX_SURROGATE = Source('''
+def trusted_jax_surrogate(ratio, advantage, epsilon=0.2):
+    return jnp.minimum(ratio * advantage, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
+''', "trusted_jax_surrogate")
+
+#: The grader's own KL(p || q) of two logit vectors, in JAX.
+TRUSTED_JAX_KL = Source('''
+def trusted_jax_kl(logits_p, logits_q):
+    lp = jax.nn.log_softmax(jnp.asarray(logits_p, jnp.float32))
+    lq = jax.nn.log_softmax(jnp.asarray(logits_q, jnp.float32))
+    return jnp.sum(jnp.exp(lp) * (lp - lq))
+''', "trusted_jax_kl")
+
+#: A different objective term with the same signature: a loss that follows it uses its argument.
+SCALED_JAX_SURROGATE = Source('''
+def scaled_jax_surrogate(ratio, advantage, epsilon=0.2):
+    return 2.0 * jnp.minimum(ratio * advantage, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
+''', "scaled_jax_surrogate")
+
+
+def _fresh_ratios(rng, eps, n):
+    """n ratios at least 0.02 away from the kinks 1 +/- eps, with advantages of both signs."""
+    r = rng.uniform(0.2, 2.2, 8 * n)
+    r = r[(np.abs(r - (1 + eps)) > 0.02) & (np.abs(r - (1 - eps)) > 0.02)][:n]
+    a = rng.choice([-1.0, 1.0], n) * rng.uniform(0.3, 2.0, n)
+    r[0], a[0] = 1 + eps + rng.uniform(0.1, 1.0), rng.uniform(0.3, 2.0)       # clipped, A > 0
+    r[1], a[1] = (1 - eps) * rng.uniform(0.1, 0.85), -rng.uniform(0.3, 2.0)  # clipped, A < 0
+    r[2], a[2] = 1 + eps + rng.uniform(0.1, 1.0), -rng.uniform(0.3, 2.0)     # not clipped: bad action grew
+    r[3], a[3] = 1 + eps * rng.uniform(-0.8, 0.8), rng.choice([-1.0, 1.0]) * rng.uniform(0.3, 2.0)  # in band
+    mid = (eps + 0.2) / 2  # between this epsilon and the default 0.2: decides whether epsilon was used
+    r[4], a[4] = 1 + mid, rng.uniform(0.3, 2.0)
+    r[5], a[5] = 1 - mid, -rng.uniform(0.3, 2.0)
+    return r.astype(np.float32), a.astype(np.float32)
+
+
+@register("test_surrogate_gradients", task="Task 2.5", needs=("surrogate_gradients",), assignment=A,
+          notebook=NB2)
+def surrogate_gradients(student, rng, ref):
+    """d term_i / d ratio_i on fresh cases and a fresh epsilon: exactly 0 where the clip binds, A elsewhere."""
+    n = 12
+    eps = float(rng.choice([rng.uniform(0.1, 0.15), rng.uniform(0.26, 0.35)]))  # away from the default 0.2
+    r, a = _fresh_ratios(rng, eps, n)
+    lo, hi = 1 - eps, 1 + eps
+    bound = ((a > 0) & (r > hi)) | ((a < 0) & (r < lo))
+    want = np.where(bound, 0.0, a.astype(np.float64))
+    got = to_float(student.call("surrogate_gradients", Jax(r), Jax(a), epsilon=eps, surrogate=TRUSTED_JAX_SURROGATE),
+                   "surrogate_gradients result")
+    check(got.shape == (n,), f"surrogate_gradients must return one gradient per case ({n} here), got an array "
+                             f"of shape {got.shape}.")
+    hint = ""
+    if matches(got, surrogate_np(r, a, eps)):
+        hint = "Those are the objective values; return their derivatives with respect to the ratio (jax.grad)."
+    elif matches(got, a):
+        hint = ("Every case got its advantage: the terms where the clip binds must have gradient exactly 0 "
+                "(differentiate surrogate(ratio, advantage, epsilon), with the epsilon argument).")
+    elif matches(got, want / n):
+        hint = ("Divided by the number of cases: differentiate each term with respect to its own ratio "
+                "(jax.vmap(jax.grad(...)) or the gradient of the SUM), not the mean.")
+    elif matches(got, -want):
+        hint = "The sign is flipped: return d term / d ratio of the objective (to be maximised), not of a loss."
+    close(got, want, f"surrogate_gradients on fresh cases (epsilon={eps:.4f})", hint=hint, atol=1e-5)
+    equal(got[bound], np.zeros(int(bound.sum())), "gradient where the clip binds (fresh cases)",
+          hint="Where the clip binds the clipped product is constant in the ratio: its gradient is exactly 0.")
+
+
+def _trusted_loss(logits, old_logp, actions, advantages, ref_logits, beta, epsilon, scale=1.0):
+    import jax
+    import jax.numpy as jnp
+
+    logp = jax.nn.log_softmax(logits)
+    ratio = jnp.exp(logp[actions] - old_logp)
+    terms = jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantages)
+    lr = jax.nn.log_softmax(ref_logits)
+    return -scale * jnp.mean(terms) + beta * jnp.sum(jnp.exp(logp) * (logp - lr))
+
+
+def _batch(rng, n, size, eps, all_clipped):
+    """A fresh batch: logits, old log-probabilities of the sampled actions, actions, advantages, reference logits."""
+    import jax
+    import jax.numpy as jnp
+
+    for _ in range(200):
+        logits = rng.normal(0.0, 1.2, n).astype(np.float32)
+        old_logits = (logits + rng.normal(0.0, 1.0, n)).astype(np.float32)
+        ratio_all = np.exp(np.asarray(jax.nn.log_softmax(jnp.asarray(logits)))
+                           - np.asarray(jax.nn.log_softmax(jnp.asarray(old_logits))))
+        far = np.flatnonzero((ratio_all > 1 + eps + 0.05) | (ratio_all < 1 - eps - 0.05))
+        if all_clipped and (len(far) < 2 or not ((ratio_all[far] > 1).any() and (ratio_all[far] < 1).any())):
+            continue
+        actions = rng.choice(far if all_clipped else np.arange(n), size).astype(np.int32)
+        r = ratio_all[actions]
+        if all_clipped:
+            adv = np.where(r > 1, 1.0, -1.0) * rng.uniform(0.3, 2.0, size)  # the side where the clip binds
+        else:
+            adv = rng.choice([-1.0, 1.0], size) * rng.uniform(0.3, 2.0, size)
+            near = (np.abs(r - (1 + eps)) < 0.01) | (np.abs(r - (1 - eps)) < 0.01)
+            if near.any():
+                continue
+        old_logp = np.asarray(jax.nn.log_softmax(jnp.asarray(old_logits)))[actions]
+        ref_logits = rng.normal(0.0, 1.5, n).astype(np.float32)
+        return logits, old_logp.astype(np.float32), actions, adv.astype(np.float32), ref_logits
+    raise RuntimeError("grader self-check: no batch found")
+
+
+@register("test_clipped_kl_loss", task="Task 2.6", needs=("clipped_kl_loss",), forbid=("categorical_kl",),
+          assignment=A, notebook=NB2)
+def clipped_kl_loss(student, rng, ref):
+    """The loss and its jax.grad on a fresh mixed batch; on a fresh all-clipped batch the gradient is beta * grad KL."""
+    import jax
+    import jax.numpy as jnp
+
+    n, size = 5, 12
+    eps = float(rng.uniform(0.1, 0.3))
+    beta = float(rng.uniform(0.05, 0.5))
+    kw = {"epsilon": eps, "surrogate": TRUSTED_JAX_SURROGATE, "kl": TRUSTED_JAX_KL}
+
+    def trusted(batch, scale=1.0, b=beta):
+        args = [jnp.asarray(x) for x in batch] + [b, eps]
+        return (float(_trusted_loss(*args, scale=scale)),
+                np.asarray(jax.grad(_trusted_loss)(*args, scale=scale), np.float64))
+
+    def ask(batch, **extra):
+        lg, old, act, adv, rl = batch
+        args = (Jax(lg), Jax(old), Jax(act), Jax(adv), Jax(rl), beta)
+        value = student.call("clipped_kl_loss", *args, **{**kw, **extra})
+        grad = student.grad("clipped_kl_loss", 0, *args, **{**kw, **extra})
+        return to_float(value, "clipped_kl_loss result"), to_float(grad, "jax.grad of clipped_kl_loss")
+
+    mixed = _batch(rng, n, size, eps, all_clipped=False)
+    want_v, want_g = trusted(mixed)
+    got_v, got_g = ask(mixed)
+    check(got_v.shape == (), f"clipped_kl_loss must return a scalar loss, got an array of shape {got_v.shape}.")
+    lg, old, act, adv, rl = (jnp.asarray(x) for x in mixed)
+    lp = jax.nn.log_softmax(lg)
+    sur = lambda ratio: jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - eps, 1 + eps) * adv))
+    kl_pq = float(jnp.sum(jnp.exp(lp) * (lp - jax.nn.log_softmax(rl))))
+    lq = jax.nn.log_softmax(rl)
+    kl_qp = float(jnp.sum(jnp.exp(lq) * (lq - lp)))
+    s = float(sur(jnp.exp(lp[act] - old)))
+    hint = ""
+    if matches(got_v, s + beta * kl_pq, rtol=1e-4):
+        hint = "The loss is MINUS the surrogate (gradient descent minimises it): -mean(surrogate) + beta * KL."
+    elif matches(got_v, -s - beta * kl_pq, rtol=1e-4):
+        hint = "The KL penalty is ADDED to the loss (the loss is minimised): -mean(surrogate) + beta * KL."
+    elif matches(got_v, -s, rtol=1e-4):
+        hint = "The KL term is missing: add beta * kl(logits, ref_logits)."
+    elif matches(got_v, -s + kl_pq, rtol=1e-4):
+        hint = "beta was ignored: the KL must be multiplied by beta."
+    elif matches(got_v, -s + beta * kl_qp, rtol=1e-4):
+        hint = "KL direction reversed: call kl(logits, ref_logits), KL(policy || reference)."
+    elif matches(got_v, -size * s + beta * kl_pq, rtol=1e-4):
+        hint = "The surrogate is summed over the batch; PPO takes its MEAN."
+    elif matches(got_v, -float(sur(jnp.exp(lg[act] - old))) + beta * kl_pq, rtol=1e-4):
+        hint = ("The ratio was built from raw logits: use log_softmax(logits)[actions] - old_logp (old_logp "
+                "holds log-probabilities).")
+    elif matches(got_v, -float(sur(lp[act] - old)) + beta * kl_pq, rtol=1e-4):
+        hint = "The ratio is exp(log pi(a) - old_logp), not the difference of the log-probabilities itself."
+    close(got_v, want_v, f"clipped_kl_loss on a fresh batch (beta={beta:.4f}, epsilon={eps:.4f})", hint=hint,
+          rtol=1e-4, atol=1e-5)
+    close(got_g, want_g, "jax.grad of clipped_kl_loss with respect to logits on a fresh batch", rtol=1e-4, atol=1e-5)
+
+    scaled_v, _ = trusted(mixed, scale=2.0)
+    got_scaled, _ = ask(mixed, surrogate=SCALED_JAX_SURROGATE)
+    close(got_scaled, scaled_v, "clipped_kl_loss with another surrogate passed in",
+          hint="Call the surrogate argument (and the kl argument): the tests pass their own functions in.",
+          rtol=1e-4, atol=1e-5)
+
+    clipped = _batch(rng, n, size, eps, all_clipped=True)
+    lg, old, act, adv, rl = (jnp.asarray(x) for x in clipped)
+    zero_v, zero_g = trusted(clipped, b=0.0)
+    check(bool(np.all(zero_g == 0.0)), "grader self-check (every term clipped)")
+    kl_grad = beta * np.asarray(jax.grad(lambda l: jnp.sum(jnp.exp(jax.nn.log_softmax(l))
+                                                           * (jax.nn.log_softmax(l) - jax.nn.log_softmax(rl))))(lg))
+    _, got_g = ask(clipped)
+    hint = ""
+    if matches(got_g, np.zeros_like(kl_grad), atol=1e-7):
+        hint = ("The gradient vanished: with every term clipped the surrogate's gradient is 0, but the loss must "
+                "still carry beta * grad KL.")
+    elif matches(got_g, kl_grad / beta, rtol=1e-4):
+        hint = "beta was ignored: the KL gradient must be multiplied by beta."
+    close(got_g, kl_grad, f"jax.grad of clipped_kl_loss on a fresh batch where every term is clipped "
+                          f"(expected beta * grad KL, beta={beta:.4f})", hint=hint, rtol=1e-4, atol=1e-6)
