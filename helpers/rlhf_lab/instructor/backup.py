@@ -51,9 +51,10 @@ CELL_COLUMNS = [
 
 
 def _pipeline():
-    from . import pipeline
+    """The course layer (root, gradebook URL, course id); named for the module that used to hold them."""
+    from . import course
 
-    return pipeline
+    return course
 
 
 def sqlite_file(db_url: str) -> Path | None:

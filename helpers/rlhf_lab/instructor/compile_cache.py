@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     """``python -m rlhf_lab.instructor.compile_cache [--root R] [--force] [ASSIGNMENT ...]``."""
     import argparse
 
-    from .pipeline import course_root, graded_assignments
+    from .course import course_root, graded_assignments
 
     ap = argparse.ArgumentParser(description="Build the trusted JAX compilation cache seeds of the course.")
     ap.add_argument("assignments", nargs="*")

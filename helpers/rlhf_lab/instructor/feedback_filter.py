@@ -17,7 +17,9 @@ formgrader's "generate feedback" button) writes clean HTML. For every code cell 
   (the grading primitives' messages name the check, the expected and the actual values and a
   hint), or ``Visible check failed at line L: <that line>`` plus the exception when it is in the
   visible part. Frames and context lines are dropped, since they can quote hidden lines;
-* leaves ``stream``/``display`` outputs alone (a hidden test prints only what it means to show).
+* leaves ``stream``/``display`` outputs alone (a hidden test prints only what it means to show),
+  except that any output of any cell that shows a hidden-test line or a line of the instructor's
+  answers in ``source/`` (:func:`source_only_lines`) is replaced by a note saying it was removed.
 
 Scores are unchanged (feedback is generated from the gradebook). The autograded notebooks keep
 everything for the instructor. :func:`leaked_lines` checks a feedback file against the source
@@ -110,6 +112,19 @@ class HideHiddenTests(NbGraderPreprocessor):
     begin_test_delimeter = Unicode(BEGIN, help="Marks the start of a hidden-test region").tag(config=True)
     end_test_delimeter = Unicode(END, help="Marks the end of a hidden-test region").tag(config=True)
 
+    source_directory = Unicode("", help="The course's source/ folder (default: $RLHF_COURSE_ROOT/source, "
+                                   "else ./source): outputs showing its hidden tests or answers are removed").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        nb, resources = super().preprocess(nb, resources)
+        import os
+
+        folder = self.source_directory or os.path.join(os.environ.get("RLHF_COURSE_ROOT") or os.getcwd(), "source")
+        removed = scrub_outputs(nb, course_secrets(folder))
+        if removed:
+            resources["leaking_outputs_removed"] = removed
+        return nb, resources
+
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type != "code":
             return cell, resources
@@ -198,6 +213,24 @@ class MarkPendingGrades(NbGraderPreprocessor):
 
 
 # ----------------------------------------------------------------------------------- leak check
+_MIN_SOURCE = 20  # a source line shorter than this is too generic to prove that source/ leaked
+SOLUTION_BEGIN, SOLUTION_END = "BEGIN SOLUTION", "END SOLUTION"
+REMOVED_NOTE = "[output removed from the feedback: it contained text of the hidden tests or of the course's source]\n"
+
+
+def _code_lines(folder: str | Path) -> set[str]:
+    import nbformat
+
+    out: set[str] = set()
+    for path in sorted(Path(folder).rglob("*.ipynb")) if Path(folder).is_dir() else []:
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        nb = nbformat.read(str(path), as_version=4)
+        for cell in nb.cells:
+            out |= {line.strip() for line in cell.source.split("\n")}
+    return out
+
+
 def hidden_lines(source_dir: str | Path) -> set[str]:
     """Every distinctive line of every hidden-test region in the notebooks under ``source_dir``."""
     import nbformat
@@ -218,6 +251,106 @@ def hidden_lines(source_dir: str | Path) -> set[str]:
     return {line for line in found - visible if len(line) >= _MIN_LEAK and BEGIN not in line and END not in line}
 
 
+def source_only_lines(source_dir: str | Path, release_dir: str | Path | None = None) -> set[str]:
+    """Distinctive lines of the source notebooks' solution regions that the release does not show.
+
+    These are the instructor's answers: a student's *output* that contains one was read from the
+    course's files (or printed from the student's own identical answer, which costs nothing to
+    hide). They are never matched against the student's own code.
+    """
+    import nbformat
+
+    release_dir = Path(release_dir) if release_dir is not None else Path(source_dir).parent / "release"
+    released = _code_lines(release_dir)
+    found: set[str] = set()
+    for path in sorted(Path(source_dir).rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        nb = nbformat.read(str(path), as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            lines, inside = cell.source.split("\n"), set()
+            _, inside = split_hidden(cell.source, SOLUTION_BEGIN, SOLUTION_END)
+            for n, line in enumerate(lines, start=1):
+                text = line.strip()
+                if n in inside and len(text) >= _MIN_SOURCE and not text.startswith("#") \
+                        and SOLUTION_BEGIN not in text and SOLUTION_END not in text and text not in released:
+                    found.add(text)
+    return found
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+class _Parts:
+    """An HTML page split into the student's code (input areas, line by line) and everything else."""
+
+    def __init__(self, raw: str):
+        from html.parser import HTMLParser
+
+        parts = self
+        self.inputs: list[str] = []  # text of each input area
+        self.outputs: list[str] = []  # text of each output area
+        self.other: list[str] = []
+        void = {"br", "img", "meta", "link", "input", "hr", "wbr", "source", "col", "area", "base"}
+
+        class P(HTMLParser):
+            def __init__(self):
+                super().__init__(convert_charrefs=True)
+                self.stack = []  # [(tag, kind)]; kind: 'input' | 'output' | None
+                self.skip = 0
+
+            def kind(self):
+                for _, k in reversed(self.stack):
+                    if k:
+                        return k
+                return None
+
+            def handle_starttag(self, tag, attrs):
+                if tag in void:
+                    return
+                cls = dict(attrs).get("class") or ""
+                kind = None
+                if not self.kind():
+                    if "input_area" in cls or "jp-InputArea-editor" in cls or "jp-InputArea " in cls + " ":
+                        kind = "input"
+                        parts.inputs.append("")
+                    elif "output_wrapper" in cls or "jp-OutputArea " in cls + " " or "jp-Cell-outputWrapper" in cls:
+                        kind = "output"
+                        parts.outputs.append("")
+                if tag in ("script", "style"):
+                    self.skip += 1
+                self.stack.append((tag, kind))
+
+            def handle_endtag(self, tag):
+                if tag in void:
+                    return
+                while self.stack:
+                    t, _ = self.stack.pop()
+                    if t in ("script", "style"):
+                        self.skip -= 1
+                    if t == tag:
+                        break
+
+            def handle_data(self, data):
+                if self.skip:
+                    return
+                k = self.kind()
+                if k == "input":
+                    parts.inputs[-1] += data
+                elif k == "output":
+                    parts.outputs[-1] += data
+                else:
+                    parts.other.append(data)
+
+        P().feed(raw)
+
+    def input_lines(self) -> set[str]:
+        return {_squash(line) for text in self.inputs for line in text.split("\n") if line.strip()}
+
+
 def html_text(path: str | Path) -> str:
     """The visible text of an HTML file (tags dropped, entities unescaped, whitespace normalised)."""
     raw = Path(path).read_text(encoding="utf-8", errors="replace")
@@ -226,28 +359,100 @@ def html_text(path: str | Path) -> str:
     return text
 
 
-def leaked_lines(html_path: str | Path, secret_lines: set[str]) -> list[str]:
-    """The hidden-test lines that appear in a feedback HTML file (empty: nothing leaked)."""
-    text = html_text(html_path)
-    squashed = re.sub(r"\s+", " ", text)
+def leaked_lines(html_path: str | Path, secret_lines: set[str], source_lines: set[str] = frozenset()) -> list[str]:
+    """The hidden-test (``secret_lines``) or source-only lines that appear in a feedback HTML file.
+
+    A hidden-test line leaks when it is a whole line of the page's code, or appears anywhere in an
+    output or in the page's prose. A line of the student's own code that merely contains a few of
+    the same words is not a leak. ``source_lines`` (:func:`source_only_lines`) leak only from
+    outputs: the student's own code may well equal the instructor's answer.
+    """
+    raw = Path(html_path).read_text(encoding="utf-8", errors="replace")
+    parts = _Parts(raw)
+    code = parts.input_lines()
+    rest = _squash(" ".join(parts.outputs) + " " + " ".join(parts.other))
+    outputs = _squash(" ".join(parts.outputs))
     leaks = []
     for line in sorted(secret_lines):
-        if re.sub(r"\s+", " ", line) in squashed:
+        s = _squash(line)
+        if s in code or s in rest:
             leaks.append(line)
+    for line in sorted(source_lines):
+        if _squash(line) in outputs:
+            leaks.append(line)
+    text = html_text(html_path)
     if BEGIN in text or END in text:
         leaks.append(f"a '{BEGIN}' delimiter")
     return leaks
 
 
-def check_feedback(feedback_dir: str | Path, source_dir: str | Path) -> dict:
+def check_feedback(feedback_dir: str | Path, source_dir: str | Path, release_dir: str | Path | None = None) -> dict:
     """``{html file: [leaked lines]}`` for every feedback file that leaks (empty dict: all clean)."""
     secrets = hidden_lines(source_dir)
+    answers = source_only_lines(source_dir, release_dir)
     out = {}
     for path in sorted(Path(feedback_dir).rglob("*.html")):
-        leaks = leaked_lines(path, secrets)
+        leaks = leaked_lines(path, secrets, answers)
         if leaks:
             out[str(path)] = leaks
     return out
+
+
+def output_text(output: dict) -> str:
+    """The text a notebook output shows (stream text, text/plain and text/html data, error lines)."""
+    if output.get("output_type") == "stream":
+        text = output.get("text", "")
+        return "".join(text) if isinstance(text, list) else str(text)
+    if output.get("output_type") == "error":
+        return strip_ansi("\n".join(output.get("traceback") or []) + "\n" + str(output.get("evalue", "")))
+    data = output.get("data") or {}
+    pieces = []
+    for mime in ("text/plain", "text/html", "text/markdown", "text/latex"):
+        value = data.get(mime)
+        if value:
+            pieces.append("".join(value) if isinstance(value, list) else str(value))
+    return "\n".join(pieces)
+
+
+def leaking_output(output: dict, secrets: set[str]) -> bool:
+    """Whether ``output`` shows one of the ``secrets`` lines (or a hidden-test delimiter)."""
+    text = _squash(html.unescape(re.sub(r"<[^>]+>", " ", output_text(output))))
+    return BEGIN in text or END in text or any(_squash(line) in text for line in secrets)
+
+
+def course_secrets(source_dir: str | Path) -> set[str]:
+    """Hidden-test lines and source-only answer lines of the course (cached per folder and change time)."""
+    source_dir = Path(source_dir)
+    try:
+        stamp = max((p.stat().st_mtime_ns for p in source_dir.rglob("*.ipynb")), default=0)
+    except OSError:
+        stamp = 0
+    key = (str(source_dir.resolve()), stamp)
+    if _SECRETS.get("key") != key:
+        _SECRETS["key"] = key
+        _SECRETS["lines"] = hidden_lines(source_dir) | source_only_lines(source_dir) if source_dir.is_dir() else set()
+    return _SECRETS["lines"]
+
+
+_SECRETS: dict = {}
+
+
+def scrub_outputs(nb, secrets: set[str]) -> int:
+    """Replace every output of ``nb`` that shows hidden-test or source text by a note; how many."""
+    removed = 0
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        outputs = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") in ("stream", "display_data", "execute_result") and leaking_output(out, secrets):
+                import nbformat
+
+                out = nbformat.v4.new_output("stream", name="stdout", text=REMOVED_NOTE)
+                removed += 1
+            outputs.append(out)
+        cell.outputs = outputs
+    return removed
 
 
 def _main(argv=None) -> int:
@@ -255,8 +460,9 @@ def _main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description="Check feedback HTML for hidden-test code")
     parser.add_argument("--check", nargs=2, metavar=("FEEDBACK_DIR", "SOURCE_DIR"), required=True)
+    parser.add_argument("--release", metavar="RELEASE_DIR", help="default: release/ beside SOURCE_DIR")
     args = parser.parse_args(argv)
-    leaks = check_feedback(*args.check)
+    leaks = check_feedback(*args.check, release_dir=args.release)
     for path, lines in leaks.items():
         print(f"{path}: {len(lines)} hidden line(s) leaked, e.g. {lines[0]!r}")
     if not leaks:

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from . import exchange, pipeline
+from .course import PipelineError, ensure_venv_on_path, graded_assignments
 
 
 def give_feedback(assignment: str, root=None, db_url: str | None = None, release_pending: bool = False,
@@ -23,8 +24,8 @@ def give_feedback(assignment: str, root=None, db_url: str | None = None, release
 
     Returns ``{"written": {student: [html]}, "held": {student: [notebook]}, "released": bool}``.
     """
-    if assignment not in pipeline.graded_assignments(root):
-        raise ValueError(f"assignment must be one of {pipeline.graded_assignments(root)}, got {assignment!r}")
+    if assignment not in graded_assignments(root):
+        raise ValueError(f"assignment must be one of {graded_assignments(root)}, got {assignment!r}")
     if not isinstance(release, bool):
         raise TypeError(f"release must be True or False, got {release!r}")
     written = pipeline.feedback(assignment, root, db_url, release_pending=release_pending)
@@ -43,11 +44,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-release", action="store_true", help="write feedback/ but do not release it")
     parser.add_argument("--db", help="gradebook URL (default the course's)")
     args = parser.parse_args(argv)
-    pipeline.ensure_venv_on_path()
+    ensure_venv_on_path()
     try:
         out = give_feedback(args.assignment, db_url=args.db, release_pending=args.release_pending,
                             release=not args.no_release)
-    except (ValueError, pipeline.PipelineError) as exc:
+    except (ValueError, PipelineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     pages = sum(len(v) for v in out["written"].values())

@@ -27,7 +27,7 @@ import sys
 
 import nbformat
 
-from .pipeline import course_root, graded_assignments
+from .course import course_root, graded_assignments
 
 GUIDES_DIR = "guides"
 _SOLUTION = re.compile(r"^\s*###\s*(BEGIN|END) SOLUTION\s*$")

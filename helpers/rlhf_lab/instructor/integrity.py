@@ -92,6 +92,8 @@ from typing import Iterable
 
 import nbformat
 
+from .course import COURSE_ID, Course, course_root, default_db_url, ensure_venv_on_path
+
 BLOCK = "block"
 WARN = "warn"
 #: Everything the pre-flight writes lives under ``<course root>/integrity/`` (a pipeline output).
@@ -1235,9 +1237,10 @@ def _read(path: Path):
 
 # ------------------------------------------------------------------------------------ the driver
 def _course_root(root) -> Path:
-    from . import pipeline
-
-    return pipeline.course_root(root)
+    """The course root of ``root``: a :class:`~.course.Course`, a folder, or None (the default course)."""
+    if isinstance(root, Course):
+        return root.path_root
+    return course_root(root)
 
 
 def preflight(assignment: str, root=None, students: Iterable[str] | None = None,
@@ -1320,18 +1323,18 @@ def apply_overrides(report: IntegrityReport, root=None, db_url: str | None = Non
     """
     from nbgrader.api import Gradebook, MissingEntry
 
-    from . import pipeline
-
+    if isinstance(root, Course):
+        db_url = db_url or root.db_url
     root = _course_root(root)
-    pipeline.ensure_venv_on_path()
-    db_url = db_url or pipeline.default_db_url(root)
+    ensure_venv_on_path()
+    db_url = db_url or default_db_url(root)
     done: list[Override] = []
     students = sorted({f.student for f in report.blocking()})
     try:
         specs = release_specs(root, report.assignment)
     except FileNotFoundError:
         specs = {}
-    with Gradebook(db_url, pipeline.COURSE_ID) as gb:
+    with Gradebook(db_url, COURSE_ID) as gb:
         for student in students:
             withheld = report.withheld(student)
             reasons_all = [f"{f.where()}: {f.message}" for f in report.blocking(student)]

@@ -10,8 +10,13 @@ Each student is autograded in its own ``nbgrader autograde ASSIGNMENT --student 
 own process group, killed as a whole on the per-student time limit), so a bad submission fails
 alone and is recorded with a reason while the rest of the class is graded.
 
-Functions (all take ``root=None`` -> :func:`course_root`, and ``db_url=None`` -> the config's
-default, SQLite ``<root>/gradebook.db``):
+Layers: :mod:`.course` (the :class:`~.course.Course` object: root, gradebook, nbgrader's layout
+and command) < :mod:`.records` (which runs finished: resume) < :mod:`.integrity` (the pre-flight
+of the submitted files) < :mod:`.orchestrator` (the one grading path: ``grade_submission`` per
+student, run by an executor of any size) < this module and :mod:`.parallel` (the Dask executor).
+:func:`run_class` builds the course object once and passes it down; the functions below also
+accept a root for callers that only have one (``root=None`` -> :func:`course_root`, and
+``db_url=None`` -> the config's default, SQLite ``<root>/gradebook.db``):
 
 =========================  ===================================================================
 ``generate()``             ``nbgrader generate_assignment A --force`` for every assignment
@@ -33,245 +38,30 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
-import nbformat
+from . import records
+from .course import (  # noqa: F401  (re-exported: the pipeline's names since the start)
+    COURSE_ID, DEFAULT_STUDENT_TIMEOUT, REPO_ROOT, CommandRun, Course, PipelineError, as_course, assignments,
+    check_config, course_root, default_db_url, ensure_venv_on_path, graded_assignments, is_grade_cell,
+    nbgrader_command, nbgrader_env, notebooks, run_nbgrader, submitted_students, venv_bin,
+)
+from .course import kill_group as _kill_group  # noqa: F401
+from .course import log_lines as _log_lines  # noqa: F401
+from .orchestrator import (  # noqa: F401
+    SequentialExecutor, StudentRun, grade_assignment, grade_with_one_retry, make_spec, to_student_run,
+)
+from .orchestrator import NOTE_PATTERNS as _NOTE_PATTERNS  # noqa: F401
+from .orchestrator import cell_timeouts as _cell_timeouts  # noqa: F401
+from .orchestrator import command_reason as _reason  # noqa: F401
 
-COURSE_ID = "rlhf-ppo"
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_STUDENT_TIMEOUT = float(os.environ.get("RLHF_STUDENT_TIMEOUT", "900"))
 REPORT_NAME = "grading_report.json"
 #: Outputs of the pipeline inside the course root (all gitignored; ``autograded/.gitkeep`` stays).
 OUTPUTS = ("submitted", "autograded", "feedback", "gradebook.db", "grades.csv", REPORT_NAME,
            "integrity",  # [trust] integrity/<assignment>.json and integrity/quarantine/
-           ".autograde_runs")  # [trust] one run record per student and assignment (resume)
-
-
-class PipelineError(RuntimeError):
-    """A pipeline step that must succeed for everyone (generate, config check) failed."""
-
-
-# --------------------------------------------------------------------------------------- paths/env
-def course_root(root: str | os.PathLike | None = None) -> Path:
-    """The course root: ``root`` if given, else ``$RLHF_COURSE_ROOT``, else the repository root."""
-    if root is not None:
-        return Path(root).resolve()
-    env = os.environ.get("RLHF_COURSE_ROOT")
-    return Path(env).resolve() if env else REPO_ROOT
-
-
-def venv_bin() -> str:
-    """The ``bin`` folder of the running interpreter (where ``nbgrader``, ``alembic`` and ``jupyter`` live)."""
-    return str(Path(sys.executable).parent)
-
-
-def ensure_venv_on_path() -> None:
-    """Put :func:`venv_bin` first on this process's PATH (the in-process Gradebook may call ``alembic``)."""
-    path = os.environ.get("PATH", "")
-    if path.split(os.pathsep)[0] != venv_bin():
-        os.environ["PATH"] = venv_bin() + os.pathsep + path
-
-
-def default_db_url(root: str | os.PathLike | None = None) -> str:
-    """``$RLHF_COURSE_DB`` if set, else SQLite ``<root>/gradebook.db`` (what ``nbgrader_config.py`` uses).
-
-    The environment variable wins even for an explicit ``root``, exactly as in the config; code
-    working on a copy of the course should pass ``db_url`` explicitly.
-    """
-    return os.environ.get("RLHF_COURSE_DB") or "sqlite:///" + str(course_root(root) / "gradebook.db")
-
-
-def nbgrader_env(root: str | os.PathLike | None = None, db_url: str | None = None,
-                 extra: dict | None = None) -> dict:
-    """Environment for an nbgrader subprocess working on ``root`` with gradebook ``db_url``.
-
-    The venv's bin comes first on PATH; JAX is pinned to the CPU; ``MPLBACKEND`` is removed so the
-    kernel keeps its inline backend (a test runner's ``Agg`` makes every ``plt.show()`` warn), and
-    ``PYTEST_CURRENT_TEST`` is removed so kernels capture native stderr as they do in production.
-    """
-    env = dict(os.environ)
-    env["PATH"] = venv_bin() + os.pathsep + env.get("PATH", "")
-    env["RLHF_COURSE_ROOT"] = str(course_root(root))
-    env["RLHF_COURSE_DB"] = db_url or default_db_url(root)
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("MPLBACKEND", None)
-    env.pop("NBGRADER_EXECUTION", None)
-    # Under pytest, ipykernel sees PYTEST_CURRENT_TEST and stops forwarding native (file descriptor)
-    # stdout/stderr into cell outputs: grade under tests exactly as in production.
-    env.pop("PYTEST_CURRENT_TEST", None)
-    if extra:
-        env.update(extra)
-    return env
-
-
-@dataclasses.dataclass
-class CommandRun:
-    """One nbgrader subprocess: its arguments, exit code, wall time and combined stdout+stderr."""
-
-    args: list
-    returncode: int
-    seconds: float
-    output: str
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
-
-    def errors(self) -> list[str]:
-        """nbgrader's ERROR log lines (without the log prefix)."""
-        return _log_lines(self.output, "ERROR")
-
-    def warnings(self) -> list[str]:
-        return _log_lines(self.output, "WARNING")
-
-
-_LOG_LINE = re.compile(r"^\[(?P<app>\w+) \| (?P<level>[A-Z]+)\]\s?(?P<msg>.*)$")
-
-
-def _log_lines(output: str, level: str) -> list[str]:
-    out = []
-    for line in output.splitlines():
-        m = _LOG_LINE.match(line.strip())
-        if m and m.group("level") == level and m.group("msg").strip():
-            out.append(m.group("msg").strip())
-    return out
-
-
-def nbgrader_command() -> list[str]:
-    """The nbgrader command line: ``python <this folder>/nbgrader_cli.py`` (nbgrader's own ``main``
-    without 4-7 s of start-up imports, see :mod:`.nbgrader_cli`), or ``python -m nbgrader`` when
-    ``RLHF_PLAIN_NBGRADER=1``."""
-    if os.environ.get("RLHF_PLAIN_NBGRADER") == "1":
-        return [sys.executable, "-m", "nbgrader"]
-    return [sys.executable, str(Path(__file__).with_name("nbgrader_cli.py"))]
-
-
-def run_nbgrader(args: Sequence[str], root=None, db_url: str | None = None,
-                 timeout: float | None = None, extra_env: dict | None = None,
-                 started=None) -> CommandRun:
-    """Run nbgrader (:func:`nbgrader_command`) with ``args`` in the course root; never raises on failure.
-
-    The command gets its own process group; on ``timeout`` the whole group (nbgrader and the
-    kernels it started) is killed and the run is marked ``timed_out``. ``started(pid)``, when
-    given, is called once the process exists.
-    """
-    root = course_root(root)
-    cmd = [*nbgrader_command(), *map(str, args)]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=root, env=nbgrader_env(root, db_url, extra_env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True)
-    if started is not None:
-        try:
-            started(proc.pid)
-        except BaseException:
-            _kill_group(proc)
-            proc.communicate()
-            raise
-    timed_out = False
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        output, _ = proc.communicate()
-    except BaseException:  # KeyboardInterrupt: never leave nbgrader or its kernels behind
-        _kill_group(proc)
-        proc.communicate()
-        raise
-    return CommandRun(list(cmd[1:]), proc.returncode, time.perf_counter() - start, output, timed_out)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def check_config(root=None, db_url: str | None = None) -> dict:
-    """Load ``<root>/nbgrader_config.py`` the way nbgrader does and check the settings that matter.
-
-    nbgrader only logs a warning when its config file fails to load and would then grade with its
-    defaults (wrong root, stderr scoring zero). Raises :class:`PipelineError` on any problem;
-    returns the key settings.
-    """
-    from traitlets.config.loader import PyFileConfigLoader
-
-    root = course_root(root)
-    path = root / "nbgrader_config.py"
-    if not path.exists():
-        raise PipelineError(f"{path} is missing")
-    saved = dict(os.environ)
-    try:
-        os.environ.update({"RLHF_COURSE_ROOT": str(root), "RLHF_COURSE_DB": db_url or default_db_url(root)})
-        cfg = PyFileConfigLoader(path.name, path=str(root)).load_config()
-    except Exception as exc:  # noqa: BLE001 - report any config error as a pipeline error
-        raise PipelineError(f"{path} failed to load: {exc!r}") from exc
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    names = [getattr(p, "__name__", str(p)) for p in cfg.Autograde.get("autograde_preprocessors", [])]
-    settings = {
-        "course_id": cfg.CourseDirectory.get("course_id"),
-        "root": cfg.CourseDirectory.get("root"),
-        "db_url": cfg.CourseDirectory.get("db_url"),
-        "timeout": cfg.Execute.get("timeout"),
-        "autograde_preprocessors": names,
-    }
-    problems = []
-    if settings["course_id"] != COURSE_ID:
-        problems.append(f"course_id is {settings['course_id']!r}, expected {COURSE_ID!r}")
-    if Path(settings["root"] or "").resolve() != root:
-        problems.append(f"root is {settings['root']!r}, expected {str(root)!r}")
-    if "StderrToStdout" not in names or names.index("StderrToStdout") < names.index("Execute"):
-        problems.append("StderrToStdout must follow Execute in Autograde.autograde_preprocessors")
-    if not settings["timeout"]:
-        problems.append("Execute.timeout (per-cell timeout) is not set")
-    if problems:
-        raise PipelineError(f"{path}: " + "; ".join(problems))
-    return settings
-
-
-# ------------------------------------------------------------------------------------- assignments
-def assignments(root=None) -> list[str]:
-    """Assignment names: folders of ``source/`` that hold at least one notebook, sorted."""
-    src = course_root(root) / "source"
-    if not src.is_dir():
-        return []
-    return sorted(p.name for p in src.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and any(p.glob("*.ipynb")))
-
-
-def is_grade_cell(cell) -> bool:
-    md = cell.get("metadata", {}).get("nbgrader", {})
-    return bool(md.get("grade")) or bool(md.get("task"))
-
-
-def graded_assignments(root=None) -> list[str]:
-    """Assignments with at least one graded cell (the explorer has none and is never submitted)."""
-    out = []
-    for name in assignments(root):
-        for path in sorted((course_root(root) / "source" / name).glob("*.ipynb")):
-            nb = nbformat.read(path, as_version=4)
-            if any(is_grade_cell(c) for c in nb.cells):
-                out.append(name)
-                break
-    return out
-
-
-def notebooks(assignment: str, root=None, where: str = "source") -> list[str]:
-    """Notebook names (without ``.ipynb``) of ``assignment`` in ``where`` (source or release)."""
-    return sorted(p.stem for p in (course_root(root) / where / assignment).glob("*.ipynb"))
+           records.RUNS_DIRNAME)  # [trust] one run record per student and assignment (resume)
 
 
 # ---------------------------------------------------------------------------------------- generate
@@ -382,169 +172,58 @@ def already_submitted(root=None, names: Iterable[str] | None = None,
     return CollectResult(sorted(pairs), {})
 
 
-def submitted_students(assignment: str, root=None) -> list[str]:
-    """Students with a ``submitted/<student>/<assignment>/`` folder, sorted."""
-    sub = course_root(root) / "submitted"
-    if not sub.is_dir():
-        return []
-    return sorted(p.name for p in sub.iterdir() if (p / assignment).is_dir())
-
-
 # --------------------------------------------------------------------------------------- autograde
-@dataclasses.dataclass
-class StudentRun:
-    """The outcome of autograding one student's assignment (picklable, JSON-friendly)."""
-
-    student: str
-    assignment: str
-    ok: bool
-    seconds: float
-    returncode: int
-    reason: str = ""  # why it failed, for the instructor ("" when ok)
-    notes: list = dataclasses.field(default_factory=list)  # non-fatal problems (missing notebook, timeouts)
-    log_tail: str = ""
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-_NOTE_PATTERNS = (
-    ("No submitted file", "missing notebook"),
-    ("Skipping unknown notebook", "unknown notebook (not part of the assignment)"),
-    ("is late", "late submission"),
-)
-
-
-def _reason(run: CommandRun) -> str:
-    if run.timed_out:
-        return f"autograde did not finish within {run.seconds:.0f} s; the process group was killed"
-    text = run.output
-    for needle, why in (
-        ("UnresponsiveKernelError", "the kernel became unresponsive and could not be interrupted"),
-        ("DeadKernelError", "the kernel died while running the submission (os._exit, crash or out of memory)"),
-        ("Kernel died", "the kernel died while running the submission (os._exit, crash or out of memory)"),
-        ("NotJSONError", "a notebook is not valid JSON"),
-        ("does not appear to be JSON", "a notebook is not valid JSON"),
-        ("No notebooks found", "no notebook of the assignment was found in the submission"),
-        ("No kernel", "the notebook asks for a kernel that does not exist"),
-        ("NoSuchKernel", "the notebook asks for a kernel that does not exist"),
-        ("SchemaTooOldError", "the notebook's nbgrader metadata is from an old nbgrader"),
-        ("SchemaTooNewError", "the notebook's nbgrader metadata is from a newer nbgrader"),
-    ):
-        if needle in text:
-            return why
-    errors = [e for e in run.errors() if not e.startswith("Please see")]
-    if errors:
-        return errors[0][:500]
-    return f"nbgrader exited with code {run.returncode}"
-
-
-def _cell_timeouts(path: Path) -> list[str]:
-    notes = []
-    for nb_path in sorted(path.glob("*.ipynb")):
-        try:
-            nb = nbformat.read(nb_path, as_version=4)
-        except Exception:  # noqa: BLE001
-            continue
-        for i, cell in enumerate(nb.cells):
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error" and out.get("ename") == "CellTimeoutError":
-                    gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", f"cell {i}")
-                    notes.append(f"{nb_path.stem}/{gid}: stopped by the per-cell timeout")
-    return notes
-
-
 def autograde_student(assignment: str, student: str, root=None, db_url: str | None = None,
                       force: bool = True, timeout: float | None = None, course=None) -> StudentRun:
     """Autograde one student's assignment with its own ``nbgrader autograde`` process.
 
-    Never raises for a bad submission: failures come back as ``ok=False`` with a ``reason``.
-    Arguments and result are plain data, so this can run as a Dask task. ``course`` (the course's
-    :class:`~rlhf_lab.instructor.parallel.Course`, for the run records) is read from its config
-    when not given.
+    The course's one task (:func:`.orchestrator.grade_submission`, retried once on a transient
+    gradebook error). Never raises for a bad submission: failures come back as ``ok=False`` with a
+    ``reason``. ``course`` (a :class:`~.course.Course`) is read from the config when not given.
     """
-    from . import parallel  # the run records (shared with the parallel command; no JAX import)
-
-    timeout = DEFAULT_STUDENT_TIMEOUT if timeout is None else timeout
-    course = course or parallel.load_course(course_root(root), db_url or default_db_url(root))
-    # [trust] a 'running' record now, 'done' only after nbgrader exits: a run killed in the middle
-    # leaves 'running', and the re-run grades this student again (see pending())
-    record = parallel.begin_record(course, assignment, student, course.db_url)
-    args = ["autograde", assignment, "--student", student] + (["--force"] if force else [])
-    run = run_nbgrader(args, root, db_url, timeout=timeout,
-                       started=lambda pid: parallel.note_child(course, assignment, student, record, pid))
-    notes = []
-    for warning in run.warnings():
-        for needle, why in _NOTE_PATTERNS:
-            if needle in warning:
-                notes.append(f"{why}: {warning}")
-    dest = course_root(root) / "autograded" / student / assignment
-    if run.ok:
-        notes.extend(_cell_timeouts(dest))
-    ok = run.ok and dest.is_dir() and any(dest.glob("*.ipynb"))
-    reason = "" if ok else (_reason(run) if not run.ok else "nbgrader wrote no autograded notebook")
-    with open(parallel.log_path(course, assignment, student), "w", encoding="utf-8", errors="replace") as log:
-        log.write("$ nbgrader " + " ".join(args) + "\n" + run.output)
-    parallel.finish_record(course, assignment, student, record, state="done" if ok else "failed",
-                           seconds=run.seconds, returncode=run.returncode, reason=reason)
-    tail = "\n".join(run.output.splitlines()[-40:])
-    return StudentRun(student, assignment, ok, round(run.seconds, 3), run.returncode, reason, notes, tail)
+    course = course if course is not None else as_course(root, db_url)
+    spec = make_spec(course, assignment, timeout, force)
+    return to_student_run(grade_with_one_retry(spec, student))
 
 
 def autograde(assignment: str, student: str | Iterable[str] | None = None, root=None,
               db_url: str | None = None, force: bool = True, timeout: float | None = None,
-              progress=None) -> list[StudentRun]:
+              progress=None, course=None) -> list[StudentRun]:
     """Autograde ``assignment`` for one student, several, or everyone in ``submitted/``, one process each.
 
-    ``progress(run)`` is called after each student (for printing). Failures are returned, not raised.
+    The sequential executor (a pool of one) of :mod:`.orchestrator`, without the pre-flight
+    (:func:`run_class` runs it). ``progress(run)`` is called after each student (for printing).
+    Failures are returned, not raised.
     """
+    course = course if course is not None else as_course(root, db_url)  # read once
     if student is None:
-        students = submitted_students(assignment, root)
+        students = course.submitted_students(assignment)
     elif isinstance(student, str):
         students = [student]
     else:
         students = list(student)
-    from . import parallel
-
-    course = parallel.load_course(course_root(root), db_url or default_db_url(root))  # read once
-    runs = []
-    for sid in students:
-        run = autograde_student(assignment, sid, root, db_url, force, timeout, course=course)
-        runs.append(run)
-        if progress is not None:
-            progress(run)
-    return runs
+    spec = make_spec(course, assignment, timeout, force)
+    on_result = (lambda result: progress(to_student_run(result))) if progress is not None else None
+    return [to_student_run(r) for r in SequentialExecutor().run(spec, students, on_result)]
 
 
-def pending(assignment: str, root=None, db_url: str | None = None) -> list[str]:
+def pending(assignment: str, root=None, db_url: str | None = None, course=None) -> list[str]:
     """Submitted students whose last autograde of this submission into this gradebook did not finish.
 
-    [trust] Finished means: the student's run record (``.autograde_runs/<assignment>/``, written by
-    :func:`autograde_student` and by the parallel command) says ``done`` for this gradebook and for
-    exactly the submitted files, the autograded notebooks exist and the gradebook has the
-    submission. Files in ``autograded/`` alone prove nothing: nbgrader writes each notebook there
-    before running it, so a run killed in the middle of a notebook leaves it with empty grades.
+    [trust] Finished means (:func:`.records.is_completed`): the student's run record
+    (``.autograde_runs/<assignment>/``) says ``done`` for this gradebook and for exactly the
+    submitted files, the autograded notebooks exist and the gradebook has the submission. Files in
+    ``autograded/`` alone prove nothing: nbgrader writes each notebook there before running it, so
+    a run killed in the middle of a notebook leaves it with empty grades.
     """
-    from nbgrader.api import Gradebook
-
-    from . import parallel
-
-    root = course_root(root)
-    db_url = db_url or default_db_url(root)
-    students = submitted_students(assignment, root)
-    try:
-        ensure_venv_on_path()
-        with Gradebook(db_url, COURSE_ID) as gb:
-            in_db = {s.student.id for s in gb.find_assignment(assignment).submissions}
-    except Exception:  # noqa: BLE001 - no gradebook or no such assignment yet: everything is pending
-        in_db = set()
-    course = parallel.load_course(root, db_url)
-    return [sid for sid in students if not parallel.is_completed(course, assignment, sid, course.db_url, in_db)]
+    course = course if course is not None else as_course(root, db_url)
+    return records.pending(course, assignment)
 
 
 # ---------------------------------------------------------------------------------------- feedback
 def feedback(assignment: str, root=None, db_url: str | None = None,
-             students: Iterable[str] | None = None, release_pending: bool = False) -> dict:
+             students: Iterable[str] | None = None, release_pending: bool = False,
+             leaks: dict | None = None) -> dict:
     """``nbgrader generate_feedback`` for ``assignment``; returns ``{student: [html paths]}``.
 
     One call for the whole assignment; if it fails, each student is retried alone so one broken
@@ -554,6 +233,10 @@ def feedback(assignment: str, root=None, db_url: str | None = None,
     its HTML is removed again, so ``nbgrader release_feedback`` cannot hand it out, and
     :func:`held_feedback` lists it. ``release_pending=True`` keeps it; such a page then says
     "awaiting grading" for those answers instead of a score of 0 (``feedback_filter.MarkPendingGrades``).
+
+    [trust] Every page written is then checked for hidden-test and ``source/`` text
+    (:func:`check_written_feedback`); a page that leaks is removed, so it cannot be released, and
+    ``leaks`` (when given) gets ``{path relative to the root: [leaked lines]}``.
     """
     if not isinstance(release_pending, bool):
         raise TypeError(f"release_pending must be True or False, got {release_pending!r}")
@@ -568,7 +251,36 @@ def feedback(assignment: str, root=None, db_url: str | None = None,
                 path = root / "feedback" / sid / assignment / f"{nb}.html"
                 if path.exists():
                     path.unlink()
+    found = check_written_feedback(assignment, root)
+    if leaks is not None:
+        leaks.update(found)
     return feedback_files(assignment, root)
+
+
+def check_written_feedback(assignment: str, root=None, remove: bool = True) -> dict:
+    """The hidden-text check on every feedback page of ``assignment``; removes the pages that leak.
+
+    Returns ``{page path relative to the root: [leaked lines]}`` (empty: every page is clean).
+    Hidden-test lines count when they are a whole line of the page's code or appear in an output;
+    lines of the instructor's answers only when they appear in an output (a student's own answer
+    may equal the instructor's): see :func:`.feedback_filter.leaked_lines`.
+    """
+    from . import feedback_filter
+
+    root = course_root(root)
+    pages = sorted((root / "feedback").glob(f"*/{assignment}/*.html"))
+    if not pages:
+        return {}
+    secrets = feedback_filter.hidden_lines(root / "source")
+    answers = feedback_filter.source_only_lines(root / "source", root / "release")
+    out = {}
+    for page in pages:
+        found = feedback_filter.leaked_lines(page, secrets, answers)
+        if found:
+            out[str(page.relative_to(root))] = found
+            if remove:
+                page.unlink()
+    return out
 
 
 def held_feedback(assignment: str, root=None, db_url: str | None = None) -> dict:
@@ -786,6 +498,7 @@ class ClassRun:
     grades: Grades
     seconds: dict  # step -> wall seconds
     integrity: dict = dataclasses.field(default_factory=dict)  # [trust] {assignment: IntegrityReport}
+    feedback_leaks: dict = dataclasses.field(default_factory=dict)  # [trust] {page: [lines]}, pages removed
 
     @property
     def failures(self) -> list:
@@ -803,6 +516,7 @@ class ClassRun:
             "csv": str(self.csv_path),
             "seconds": self.seconds,
             "integrity": {a: rep.to_dict() for a, rep in self.integrity.items()},  # [trust]
+            "feedback_withheld_for_leaks": self.feedback_leaks,  # [trust] pages removed by the hidden-text check
         }
 
 
@@ -862,32 +576,31 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     ``fresh`` removes earlier outputs (and the SQLite gradebook) first. ``grader(assignment,
     students, root, db_url, force)`` may replace the sequential per-student loop (for example a
     Dask fan-out); it must return a list of :class:`StudentRun`. Writes ``<root>/grading_report.json``.
+    Every feedback page written is checked for hidden-test and ``source/`` text
+    (:func:`.feedback_filter.check_feedback`); a page that leaks is removed and listed in the report.
     """
-    from . import integrity  # [trust] pre-flight checks and overrides around autograde
-
     if submissions_dir is None and fresh:
         raise ValueError("run_class(None, fresh=True) would delete what nbgrader collect put in submitted/; "
                          "pass fresh=False to grade the collected submissions")
-    root = course_root(root)
-    db_url = db_url or default_db_url(root)
+    course = as_course(root, db_url)  # built once, passed to every step below
+    root, db_url = course.path_root, course.db_url
     check_config(root, db_url)
     seconds = {}
     if fresh:
         clean_outputs(root)
-    names = list(names) if names is not None else graded_assignments(root)
+    names = list(names) if names is not None else course.graded_assignments()
     t = time.perf_counter()
     if regenerate:
-        generate(root, assignments(root), db_url)
+        generate(root, course.assignments(), db_url)
     seconds["generate"] = time.perf_counter() - t
 
     # a trusted JAX compilation cache per assignment, built from the source notebooks (or reused
     # when unchanged); each grading kernel gets a private copy (see compile_cache.py)
     t = time.perf_counter()
     if compile_cache:
-        from . import compile_cache as cc
+        from .orchestrator import ensure_compile_cache
 
-        for a in names:
-            cc.ensure_seed(root, a)
+        ensure_compile_cache(course, names)
     seconds["compile cache"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -902,23 +615,22 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     integrity_reports = {}
     for a in names:
         who = sorted({s for (s, aa) in collected.collected if aa == a})
-        # [trust] pre-flight integrity checks (quarantine what must not run; see integrity.py)
-        integrity_reports[a] = integrity.preflight(a, root, who)
-        who = [s for s in who if s not in set(integrity_reports[a].ungradable())]
-        if not force:
-            who = [s for s in who if s in set(pending(a, root, db_url))]
+        select = None if force else (lambda left, a=a: records.pending(course, a, left))
         # [trust] a pending student may have a partial autograded folder from a killed run, which
         # nbgrader would skip without --force: the students selected here are always (re)graded.
-        if grader is not None:
-            runs += grader(a, who, root, db_url, True)
-        else:
-            runs += autograde(a, who, root, db_url, True, progress=progress)
-        # [trust] withhold points of blocked cells (nbgrader manual-score override, flagged, comment)
-        integrity.apply_overrides(integrity_reports[a], root, db_url)
+        # The one grading path: pre-flight -> executor (a pool of one, or the given grader) -> overrides.
+        executor = _GraderExecutor(grader, root, db_url) if grader is not None else SequentialExecutor()
+        on_result = (lambda result: progress(to_student_run(result))) if progress is not None and grader is None \
+            else None
+        done = grade_assignment(course, a, who, executor, preflight=True, report_blocked=False,
+                                select=select, on_result=on_result)
+        integrity_reports[a] = done.report if done.report is not None else _empty_report(a)
+        runs += [r if isinstance(r, StudentRun) else to_student_run(r) for r in done.results]
     seconds["autograde"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    fb = {a: feedback(a, root, db_url, release_pending=release_pending_feedback) for a in names}
+    leaks: dict = {}
+    fb = {a: feedback(a, root, db_url, release_pending=release_pending_feedback, leaks=leaks) for a in names}
     seconds["feedback"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -927,6 +639,29 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
 
     grades = read_grades(root, db_url)
     result = ClassRun(root, db_url, names, collected, runs, fb, csv_path, grades,
-                      {k: round(v, 3) for k, v in seconds.items()}, integrity=integrity_reports)
+                      {k: round(v, 3) for k, v in seconds.items()}, integrity=integrity_reports,
+                      feedback_leaks=leaks)
     (root / REPORT_NAME).write_text(json.dumps(result.report(), indent=1, sort_keys=True) + "\n")
     return result
+
+
+class _GraderExecutor:
+    """A ``grader(assignment, students, root, db_url, force)`` callable used as an executor."""
+
+    mode = "grader"
+    workers = 0
+
+    def __init__(self, grader, root, db_url):
+        self.grader, self.root, self.db_url = grader, root, db_url
+
+    def describe(self, spec, n: int) -> str:
+        return f"grading {n} student(s) of {spec.assignment}"
+
+    def run(self, spec, students, on_result=None) -> list:
+        return list(self.grader(spec.assignment, list(students), self.root, self.db_url, True))
+
+
+def _empty_report(assignment: str):
+    from . import integrity
+
+    return integrity.IntegrityReport(assignment, [], [])

@@ -1,0 +1,186 @@
+"""The import graph of ``rlhf_lab``: no cycles among the instructor modules, and layers only import down.
+
+Every import is read from the source with ``ast``, those at module level and those inside
+functions alike (a function-level import hides a cycle from Python's import system, not from the
+design). Relative imports are resolved against the importing module's package.
+
+Layers, lowest first (a module may import its own layer and the ones below):
+
+0. core: the course library students use (``ppo``, ``reward``, ``trainer``, ``sweep``, ``plots``,
+   ``sequences``, ...)
+1. ``judging``: the hidden tests' logic, by grade id
+2. ``grading``: the in-kernel side of a hidden test cell
+3. instructor, low: the course object, run records, the sandbox, the judge, authoring, filters
+4. instructor, high: the pre-flight, the pipeline and its executors, exchange, backup, the demo
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "helpers" / "rlhf_lab"
+
+CORE, JUDGING, GRADING, LOW, HIGH = range(5)
+LAYER_NAMES = {CORE: "core", JUDGING: "judging", GRADING: "grading", LOW: "instructor low", HIGH: "instructor high"}
+
+#: Instructor modules of the lower layer (everything else under ``instructor`` is high, and must
+#: be listed in :data:`HIGH_INSTRUCTOR` so a new module is placed on purpose).
+LOW_INSTRUCTOR = {
+    "course", "records", "sandbox", "library_build", "kernel_guard", "feedback_filter", "judge",
+    "authoring", "preprocessors", "nbgrader_cli", "lms", "compile_cache",
+}
+HIGH_INSTRUCTOR = {
+    "integrity", "orchestrator", "pipeline", "parallel", "exchange", "give_feedback", "backup", "guide",
+    "preflight_hook", "roster", "release", "__init__",
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """``rlhf_lab`` modules imported anywhere in ``path`` (module level and inside functions)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+
+    def add(target: str) -> None:
+        # the longest known module that is ``target`` or contains it
+        parts = target.split(".")
+        while parts:
+            candidate = ".".join(parts)
+            if candidate in known:
+                found.add(candidate)
+                return
+            parts.pop()
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "rlhf_lab":
+                    add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                if node.level > 1:
+                    base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "rlhf_lab":
+                continue
+            for alias in node.names:  # ``from . import pipeline`` imports the module pipeline
+                if f"{target}.{alias.name}" in known:
+                    add(f"{target}.{alias.name}")
+                else:
+                    add(target)
+    found.discard(name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def layer(name: str) -> int:
+    parts = name.split(".")
+    if parts[:2] == ["rlhf_lab", "instructor"]:
+        if len(parts) == 2:
+            return HIGH  # the package's own __init__ re-exports the pipeline
+        leaf = parts[2]
+        if leaf in LOW_INSTRUCTOR:
+            return LOW
+        assert leaf in HIGH_INSTRUCTOR, f"place the new instructor module {name} in a layer (tests/test_import_graph.py)"
+        return HIGH
+    if parts[:2] == ["rlhf_lab", "judging"]:
+        return JUDGING
+    if parts[:2] == ["rlhf_lab", "grading"]:
+        return GRADING
+    if name in ("rlhf_lab.demo",):
+        return HIGH
+    return CORE
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_parser_sees_function_level_and_relative_imports(tmp_path):
+    """The graph reader itself: relative imports inside a function are edges; a cycle is found."""
+    known = {"rlhf_lab.instructor.a", "rlhf_lab.instructor.b", "rlhf_lab.ppo", "rlhf_lab.instructor"}
+    src = tmp_path / "a.py"
+    src.write_text("import os\n\ndef f():\n    from . import b\n    from ..ppo import x\n", encoding="utf-8")
+    assert imports_of("rlhf_lab.instructor.a", src, known) == {"rlhf_lab.instructor.b", "rlhf_lab.ppo"}
+    assert cycles({"x": {"y"}, "y": {"x"}, "z": {"x"}}) == [["x", "y"]]
+    assert cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_no_import_cycles_in_the_instructor_package():
+    edges = graph()
+    instr = {k: {v for v in vs if v.startswith("rlhf_lab.instructor.")}
+             for k, vs in edges.items() if k.startswith("rlhf_lab.instructor.")}
+    found = cycles(instr)
+    assert not found, "import cycles (module or function level): " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_import_cycles_in_the_library():
+    found = cycles(graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_lower_layers_never_import_upper_ones():
+    bad = []
+    for name, targets in sorted(graph().items()):
+        for t in sorted(targets):
+            if t == "rlhf_lab" or name == "rlhf_lab":
+                continue  # the package root only re-exports the core
+            if layer(t) > layer(name):
+                bad.append(f"{name} ({LAYER_NAMES[layer(name)]}) imports {t} ({LAYER_NAMES[layer(t)]})")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_instructor_module_has_a_layer():
+    leaves = {n.split(".")[2] for n in modules() if n.startswith("rlhf_lab.instructor.")}
+    unplaced = leaves - LOW_INSTRUCTOR - HIGH_INSTRUCTOR
+    assert not unplaced, f"place these instructor modules in a layer: {sorted(unplaced)}"
