@@ -484,6 +484,8 @@ else:
 # 5. **Learning but biased:** no baseline, or a batch-mean baseline where the exact one is asked.
 # 6. **Numbers equal to the printed ones, but wrong on fresh inputs:** values copied, not computed.
 # 7. **NaN for a small β:** $e^{r/\beta}$ overflowed; work in log space.
+#
+# The ungraded notebook `ppo_debugging/find_the_bug.ipynb` hands you four of these as broken code to fix.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "reading_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Further reading
