@@ -22,7 +22,8 @@ API
 ``bundled_class(base) -> ClassRun``
     The bundled example class (``examples/submissions``: correct, unchanged release, one student
     per mistake recipe, noisy-but-correct) through collect -> autograde (one nbgrader process per
-    student) -> feedback -> export, in its own copy of the template. Once per session.
+    student, on :func:`class_grader`'s workers) -> feedback -> export, in its own copy of the
+    template. Once per session.
     ``ClassRun`` is :class:`rlhf_lab.instructor.pipeline.ClassRun`: ``.root``, ``.runs``
     (:class:`StudentRun` per student and assignment: ok / reason / notes / seconds),
     ``.grades`` (:class:`Grades`: ``.cell(student, assignment, grade_id)``, ``.by_cell(...)``,
@@ -104,8 +105,23 @@ def bundled_class(base: Path) -> ClassRun:
     if "bundled" not in _CACHE:
         root = fresh_course(Path(base) / "bundled_class", base)
         _CACHE["bundled"] = pipeline.run_class(root / "examples" / "submissions", root=root,
-                                               db_url=own_db(root), fresh=False, regenerate=False)
+                                               db_url=own_db(root), fresh=False, regenerate=False,
+                                               grader=class_grader())
     return _CACHE["bundled"]
+
+
+def class_grader():
+    """The autograde step of the session's class runs: Dask with ``RLHF_TEST_WORKERS`` workers
+    (default 2, the machine's cores), or the sequential loop (``None``) when that is 0 or 1.
+
+    The same grades either way (``tests/test_parallel.py`` compares the two cell by cell, and
+    ``tests/test_trust.py`` regrades part of this class with the sequential loop and compares)."""
+    workers = int(os.environ.get("RLHF_TEST_WORKERS", "2") or 0)
+    if workers <= 1:
+        return None
+    from rlhf_lab.instructor import parallel
+
+    return parallel.dask_grader(workers=workers)
 
 
 def write_submissions(folder: Path, subs: dict) -> Path:

@@ -608,9 +608,12 @@ def test_class_graded_again_killed_partway_and_resumed_gives_identical_grades(bu
     after = {k: v for k, v in _cell_scores(root, db_url).items() if k[1] in REGRADE}
     assert after == first, {k: (first.get(k), after.get(k)) for k in set(first) | set(after)
                             if first.get(k) != after.get(k)}
-    for student, assignment in pairs:  # every submitted notebook was autograded and got feedback
+    held = {a: pipeline.held_feedback(a, root, db_url) for a in REGRADE}
+    for student, assignment in pairs:  # every submitted notebook was autograded and got feedback or is held
         submitted = sorted(p.name for p in (root / "submitted" / student / assignment).glob("*.ipynb"))
         graded = sorted(p.name for p in (root / "autograded" / student / assignment).glob("*.ipynb"))
         assert graded == submitted, (student, assignment, submitted, graded)
         html = sorted(p.stem + ".ipynb" for p in (root / "feedback" / student / assignment).glob("*.html"))
-        assert html == submitted, (student, assignment, html)
+        waiting = sorted(nb + ".ipynb" for nb in held[assignment].get(student, []))
+        assert not set(html) & set(waiting), (student, assignment, html, waiting)  # held means no page
+        assert sorted(html + waiting) == submitted, (student, assignment, html, waiting)
