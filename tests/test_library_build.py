@@ -5,9 +5,10 @@ import ast
 import textwrap
 from pathlib import Path
 
+import nbformat
 import pytest
 
-from course_support import REPO
+from course_support import REPO, correct_submission, replace_cell
 from rlhf_lab.instructor import library_build as lb
 
 
@@ -185,3 +186,123 @@ def test_an_honest_implementation_and_given_code_are_not_reported(tmp_path):
     assert lb.suspicious_copies(_notebook([("def broken(:", True)])) == []
     with pytest.raises(ValueError, match="notebook"):
         lb.suspicious_copies(tmp_path / "missing.ipynb")
+
+
+def _toy_library_with_subpackage(base: Path) -> Path:
+    """The toy library plus ``seq/``: a subpackage re-exporting ``gae`` (needs ``core.h`` through
+    ``from ..core``) and ``train`` (uses ``gae``), and ``seq/tools.py`` with ``helper``."""
+    lib = _toy_library(base)
+    (lib / "seq").mkdir()
+    (lib / "seq" / "__init__.py").write_text("from .algo import gae, train\nfrom . import tools\n"
+                                             "__all__ = ['gae', 'train', 'tools']\n")
+    (lib / "seq" / "algo.py").write_text(textwrap.dedent('''
+        from ..core import h
+        from .tools import helper
+
+        def gae(x):
+            return h(x) * 31337
+
+        def train(x):
+            return gae(helper(x))
+
+        def policy(x):
+            return x * 2718
+    '''))
+    (lib / "seq" / "tools.py").write_text("def helper(x):\n    return x + 1\n")
+    return lib
+
+
+def test_functions_of_a_subpackage_are_removed_with_their_reexports(tmp_path):
+    lib = _toy_library_with_subpackage(tmp_path / "src")
+    assert {("seq.algo", "gae"), ("seq.algo", "train"), ("seq.tools", "helper")} <= lb.library_functions(lib)
+    given = {("seq.algo", "policy")}  # given code needs only seq.algo.policy: gae can go
+    plan = lb.plan_build(lib, ["gae", "policy"], given)
+    assert plan.removed == (("seq.algo", "gae"),) and plan.kept_for_given_code == ("policy",)
+    assert "seq" in plan.modules and "seq.algo" in plan.modules
+    course = tmp_path / "course"
+    course.mkdir()
+    build = lb.ensure_build(course, "a1", "nb", library_dir=lib, manifest={"a1/nb": ("gae",)}).path
+    algo = (build / "seq" / "algo.py").read_text()
+    assert "31337" not in algo and "def gae" not in algo and "2718" in algo
+    assert "gae" not in (build / "seq" / "__init__.py").read_text()  # the re-export is gone too
+    assert lb.verify_build(build.parent, [("seq.algo", "gae")], [("seq", "train")]) == []
+
+
+def test_a_subpackage_reexport_left_behind_is_named(tmp_path):
+    lib = _toy_library_with_subpackage(tmp_path / "src")
+    (lib / "seq" / "algo.py").write_text((lib / "seq" / "algo.py").read_text().replace("def gae(", "def _gae("))
+    (lib / "seq" / "__init__.py").write_text("from .algo import _gae as gae, train\n")
+    problems = lb.verify_build(tmp_path / "src", [("seq.algo", "_gae")], [])
+    assert "rlhf_lab.seq.algo._gae is still defined" in problems
+
+
+def test_given_code_that_needs_a_subpackage_function_keeps_it_in_the_build(tmp_path):
+    lib = _toy_library_with_subpackage(tmp_path / "src")
+    nb = _notebook([("import rlhf_lab.seq as sq\nresult = sq.train(3)", False),
+                    ("def gae(x):\n    return x", True)])
+    given = lb.given_names(nb)
+    assert ("seq", "train") in given  # the alias is followed
+    plan = lb.plan_build(lib, ["gae"], {p for p in given if p[0] in lb._module_files(lib)})
+    assert plan.removed == () and plan.kept_for_given_code == ("gae",)  # train needs gae
+
+
+def test_a_subpackage_no_given_code_imports_is_left_out_of_the_build(tmp_path):
+    lib = _toy_library_with_subpackage(tmp_path / "src")
+    course = tmp_path / "course"
+    course.mkdir()
+    build = lb.ensure_build(course, "a1", "nb", library_dir=lib, manifest={"a1/nb": ("gae",)}).path
+    assert (build / "seq").is_dir()  # no source notebook: the build keeps every module
+    plan = lb.plan_build(lib, ["gae"], given={("", "f")})
+    assert not any(m == "seq" or m.startswith("seq.") for m in plan.modules)
+    dest = tmp_path / "only_core"
+    lb.write_build(lib, dest, plan.removed, plan.modules)
+    assert not (dest / "rlhf_lab" / "seq").exists() and (dest / "rlhf_lab" / "core.py").is_file()
+
+
+def test_the_sequence_notebooks_builds_lack_what_their_students_write():
+    lib = lb._installed_library()
+    for nb, absent in (("01_masks_and_sft", {"masked_nll", "sequence_logprob"}),
+                       ("03_loop_and_analysis", {"expected_estimates"})):
+        given = lb.given_names(REPO / "source" / "ppo_sequences" / f"{nb}.ipynb")
+        given = {p for p in given if p[0] in lb._module_files(lib)}
+        plan = lb.plan_build(lib, lb.names_for("ppo_sequences", nb), given)
+        assert absent <= {name for _, name in plan.removed}, (nb, plan.removed)
+    given = lb.given_names(REPO / "source" / "ppo_sequences" / "02_ppo_pieces.ipynb")
+    plan = lb.plan_build(lib, lb.names_for("ppo_sequences", "02_ppo_pieces"),
+                         {p for p in given if p[0] in lb._module_files(lib)})
+    assert "sequences" not in plan.modules  # nothing given imports it: gae & co. are not there at all
+
+
+DELEGATED_GAE = '''def gae(rewards, values, mask, gamma, lam):
+    """Hands the work to the course library (what the build must make impossible)."""
+    import importlib
+    library = importlib.import_module("rlhf_lab." + "seq" + "uences")
+    return getattr(library, "g" + "ae")(rewards, values, mask, gamma, lam)
+'''
+
+
+@pytest.mark.slow
+def test_an_answer_that_hands_gae_to_the_library_loses_exactly_the_gae_points(tmp_path, tmp_path_factory):
+    """Real sandboxed nbgrader autograde of ppo_sequences/02: the kernel's library build has no
+    rlhf_lab.sequences (the notebook's given code never imports it), so the borrowed gae fails the
+    two GAE checks and nothing else; the same notebook with its own gae keeps every point."""
+    from course_support import fresh_course, own_db, session_base
+    from rlhf_lab.instructor import pipeline
+
+    root = fresh_course(tmp_path / "course", session_base(tmp_path_factory))
+    nb_name = "02_ppo_pieces"
+    correct = correct_submission("ppo_sequences")[nb_name]
+    for student, nb in (("ok_own_gae", correct), ("zz_borrowed_gae", replace_cell(correct, "gae_answer", DELEGATED_GAE))):
+        folder = root / "submitted" / student / "ppo_sequences"
+        folder.mkdir(parents=True)
+        nbformat.write(nb, str(folder / f"{nb_name}.ipynb"))
+        run = pipeline.autograde_student("ppo_sequences", student, root, db_url=own_db(root))
+        assert run.ok, (student, run.reason, run.log_tail[-2000:])
+    grades = pipeline.read_grades(root, own_db(root))
+    own = {g: c for g, c in grades.by_cell("ok_own_gae", "ppo_sequences").items() if c.notebook == nb_name}
+    borrowed = {g: c for g, c in grades.by_cell("zz_borrowed_gae", "ppo_sequences").items() if c.notebook == nb_name}
+    tests = [g for g, c in own.items() if c.kind == "test"]
+    assert tests and all(own[g].score == own[g].max_score for g in tests), {g: own[g].score for g in tests}
+    lost = {g for g in tests if borrowed[g].score != borrowed[g].max_score}
+    assert lost == {"test_seq_gae", "test_seq_gae_edges"}, {g: borrowed[g].score for g in tests}
+    assert all(borrowed[g].score == 0 for g in lost)

@@ -60,7 +60,9 @@ MANIFEST: dict[str, tuple[str, ...]] = {
     "ppo_rlhf/04_make_it_yours": ("categorical_kl", "clipped_surrogate", "enumerated_baseline_gradient",
                                   "exact_reward_gradient", "optimal_logp", "ppo_loss",
                                   "regularised_objective"),
-    "ppo_sequences/01_masks_and_sft": ("preference_loss",),
+    "ppo_sequences/01_masks_and_sft": ("masked_nll", "preference_loss", "response_mask", "sequence_logprob"),
+    "ppo_sequences/02_ppo_pieces": ("gae", "per_token_rewards", "policy_loss", "value_loss", "whiten"),
+    "ppo_sequences/03_loop_and_analysis": ("dpo_loss", "expected_estimates", "group_advantages", "k1", "k2", "k3"),
 }
 
 
@@ -260,22 +262,52 @@ def given_names(notebook) -> set[tuple[str, str]]:
     ``module`` is ``""`` for names imported from the package itself (``from rlhf_lab import x``).
     """
     used: set[tuple[str, str]] = set()
+    trees = []
     for cell in _cells(notebook):
         if cell.get("cell_type") != "code" or _nbgrader(cell).get("solution"):
             continue
         try:
-            tree = ast.parse(_strip_magics(_source(cell)))
+            trees.append(ast.parse(_strip_magics(_source(cell))))
         except SyntaxError:
             continue
+    # names bound to library modules anywhere in the given code: rlhf_lab itself, and aliases
+    # (``import rlhf_lab.sequences as sq``, ``from rlhf_lab import sequences as sq``)
+    modules: dict[str, str] = {"rlhf_lab": ""}
+    for tree in trees:
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("rlhf_lab.") and a.asname:
+                        modules[a.asname] = a.name[len("rlhf_lab."):]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
                     and (node.module == "rlhf_lab" or node.module.startswith("rlhf_lab.")):
                 module = node.module[len("rlhf_lab."):] if "." in node.module else ""
-                used.update((module, a.name) for a in node.names)
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
-                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "rlhf_lab":
-                used.add((node.value.attr, node.attr))
+                for a in node.names:
+                    used.add((module, a.name))
+                    # ``from rlhf_lab import sequences as sq``: sq may be a module (kept as both)
+                    modules.setdefault(a.asname or a.name, f"{module}.{a.name}" if module else a.name)
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                chain = _dotted(node)
+                if chain is None or chain[0] not in modules:
+                    continue
+                parts = [p for p in modules[chain[0]].split(".") if p] + chain[1:]
+                # every prefix may be a module and the next part a name in it: keep each reading
+                for i in range(len(parts)):
+                    used.add((".".join(parts[:i]), parts[i]))
     return used
+
+
+def _dotted(node) -> list[str] | None:
+    """``a.b.c`` as ``["a", "b", "c"]`` (None when the chain does not start at a name)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
 
 
 def _strip_magics(source: str) -> str:
@@ -294,15 +326,46 @@ def _installed_library() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _modules(library_dir: Path) -> dict[str, ast.Module]:
-    """Top-level modules of the library that go into builds: name ("" for ``__init__``) -> AST."""
+def _module_files(library_dir: Path) -> dict[str, Path]:
+    """Modules of the library that go into builds: dotted name relative to the package ("" for its
+    ``__init__``, ``"sequences"`` for a subpackage's ``__init__``, ``"sequences.ppo"``) -> file.
+
+    :data:`EXCLUDED` and the grader-only packages (:data:`GRADER_ONLY`) are never part of it."""
     out = {}
-    for path in sorted(library_dir.glob("*.py")):
-        if path.name in EXCLUDED:
+    for path in sorted(Path(library_dir).rglob("*.py")):
+        rel = path.relative_to(library_dir)
+        if set(rel.parts) & {*EXCLUDED, *GRADER_ONLY}:
             continue
-        name = "" if path.stem == "__init__" else path.stem
-        out[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        elif len(parts) > 1 and not (path.parent / "__init__.py").is_file():
+            continue  # a folder that is not a package
+        out[".".join(parts)] = path
     return out
+
+
+def _modules(library_dir: Path) -> dict[str, ast.Module]:
+    """The library's build modules (see :func:`_module_files`): dotted name -> AST."""
+    return {name: ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for name, path in _module_files(Path(library_dir)).items()}
+
+
+def _is_package(module: str, trees: dict) -> bool:
+    return module == "" or any(m.startswith(module + ".") for m in trees)
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def _relative_base(module: str, level: int, trees: dict) -> str | None:
+    """The package a relative import of ``level`` dots in ``module`` starts from (None: outside)."""
+    package = module if _is_package(module, trees) else module.rpartition(".")[0]
+    parts = package.split(".") if package else []
+    if level - 1 > len(parts):
+        return None
+    return ".".join(parts[:len(parts) - (level - 1)])
 
 
 def library_functions(library_dir) -> set[tuple[str, str]]:
@@ -312,14 +375,25 @@ def library_functions(library_dir) -> set[tuple[str, str]]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-def _imports(tree: ast.Module) -> dict[str, tuple[str, str | None]]:
-    """Local name -> (module, name) for relative imports (name None: the module itself)."""
+def _imports(tree: ast.Module, module: str = "", trees: dict | None = None) -> dict[str, tuple[str, str | None]]:
+    """Local name -> (module, name) for the relative imports of ``module`` (name None: the module
+    itself). ``from .x import f`` -> ("<pkg>.x", "f"); ``from .. import checks`` -> ("checks", None)
+    when ``checks`` is a module, else (parent package, "checks")."""
+    trees = trees if trees is not None else {}
     out: dict[str, tuple[str, str | None]] = {}
     for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            base = _relative_base(module, node.level, trees) if trees else ("" if node.level == 1 else None)
+            if base is None:
+                continue
             for alias in node.names:
                 local = alias.asname or alias.name
-                out[local] = (node.module, alias.name) if node.module else (alias.name, None)
+                if node.module:
+                    out[local] = (_join(base, node.module), alias.name)
+                elif not trees or _join(base, alias.name) in trees:
+                    out[local] = (_join(base, alias.name), None)
+                else:
+                    out[local] = (base, alias.name)
     return out
 
 
@@ -349,7 +423,7 @@ def _resolve(pair: tuple[str, str], trees: dict[str, ast.Module], seen=None) -> 
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return pair
-    target = _imports(tree).get(name)
+    target = _imports(tree, module, trees).get(name)
     if target is not None and target[1] is not None:
         return _resolve(target, trees, seen)  # type: ignore[arg-type]
     return pair
@@ -364,7 +438,7 @@ def dependency_graph(library_dir) -> tuple[dict, dict]:
     roots: set[tuple[str, str]] = set()
     roots_by_module: dict[str, set[tuple[str, str]]] = {}
     for module, tree in trees.items():
-        imports = _imports(tree)
+        imports = _imports(tree, module, trees)
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
         def refs(node):
             return {_resolve(p, trees) for p in _refs(node, imports, module, defined)}
@@ -414,19 +488,18 @@ ALWAYS_MODULES = ("grading", "lesson")
 
 
 def module_imports(library_dir) -> dict[str, set[str]]:
-    """Module -> library modules it imports at module level (``from .x import y``, ``from . import x``)."""
+    """Module -> library modules it imports at module level (``from .x import y``, ``from . import x``,
+    ``from .. import y``); importing a submodule imports its parent packages too."""
     library_dir = _require_dir(library_dir, "library_dir")
     trees = _modules(library_dir)
     out: dict[str, set[str]] = {}
     for module, tree in trees.items():
-        deps = set()
-        for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                if node.module:
-                    deps.add(node.module)
-                else:
-                    deps.update(a.name for a in node.names if a.name in trees)
-        out[module] = deps & set(trees)
+        deps = {mod for mod, _ in _imports(tree, module, trees).values()}
+        parent = module.rpartition(".")[0] if module else None
+        while parent is not None:  # ``import rlhf_lab.sequences.ppo`` runs the packages' __init__ first
+            deps.add(parent)
+            parent = parent.rpartition(".")[0] if parent else None
+        out[module] = (deps & set(trees)) - {module}
     return out
 
 
@@ -434,7 +507,8 @@ def needed_modules(library_dir, given=()) -> tuple[str, ...]:
     """Modules a build contains: the package, :data:`ALWAYS_MODULES`, the modules given code
     imports, and everything those import. A module nothing needs is left out of the build."""
     graph = module_imports(library_dir)
-    start = {"", *ALWAYS_MODULES, *(m for m, _ in given if m in graph)}
+    start = {"", *ALWAYS_MODULES, *(m for m, _ in given if m in graph),
+             *(_join(m, n) for m, n in given if _join(m, n) in graph)}
     return tuple(sorted(_closure(start & set(graph), graph)))
 
 
@@ -447,18 +521,20 @@ class BuildPlan:
     modules: tuple[str, ...] = ()   # modules in the build ("" is the package's __init__)
 
 
-def plan_build(library_dir, names, given=()) -> BuildPlan:
+def plan_build(library_dir, names, given=(), all_modules: bool = False) -> BuildPlan:
     """Which definitions a build without ``names`` removes.
 
     Every definition of a name in ``names`` goes (whatever module defines it), except those the
     given code (``given``: ``(module, name)`` pairs, see :func:`given_names`) or module-level
-    library code needs, directly or through other library functions.
+    library code needs, directly or through other library functions. The build holds the modules
+    the given code needs (:func:`needed_modules`), or every module with ``all_modules=True`` (for
+    a notebook whose given code is unknown).
     """
     library_dir = _require_dir(library_dir, "library_dir")
     names = _require_names(names, "names")
     trees = _modules(library_dir)
     edges, roots = dependency_graph(library_dir)
-    modules = needed_modules(library_dir, given)
+    modules = tuple(sorted(trees)) if all_modules else needed_modules(library_dir, given)
     functions = set(edges)
     wanted = {pair for pair in functions if pair[1] in names and pair[0] in modules}
     roots = set().union(*(roots.get(m, set()) for m in modules))
@@ -484,10 +560,10 @@ def strip_module(source: str, removed: set[str], dropped_imports: set[str]) -> s
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in removed:
             edits.append((*_span(node), ""))
-        elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module \
+        elif isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module \
                 and any((a.asname or a.name) in dropped_imports for a in node.names):
             keep = [a for a in node.names if (a.asname or a.name) not in dropped_imports]
-            text = ast.unparse(ast.ImportFrom(module=node.module, names=keep, level=1)) if keep else ""
+            text = ast.unparse(ast.ImportFrom(module=node.module, names=keep, level=node.level)) if keep else ""
             edits.append((*_span(node), text))
         elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             names = _literal_names(node.value)
@@ -519,21 +595,32 @@ def write_build(library_dir, dest, removed: tuple[tuple[str, str], ...], modules
     the modules not in ``modules`` (None: all) and without the ``removed`` definitions."""
     library_dir = _require_dir(library_dir, "library_dir")
     target = Path(dest) / "rlhf_lab"
-    trees = _modules(library_dir)
+    files = _module_files(library_dir)
+    all_trees = _modules(library_dir)
+    trees = all_trees
+    skipped: set[Path] = set()
     if modules is not None:
-        skipped = [f"{m}.py" for m in trees if m and m not in modules]
+        # a module nothing needs stays out, and so does a subpackage none of whose modules is needed
+        skipped = {files[m].resolve() for m in trees if m and m not in modules}
+        for m in trees:
+            if m and _is_package(m, trees) and not any(k == m or k.startswith(m + ".") for k in modules):
+                skipped.add(files[m].parent.resolve())
         trees = {m: t for m, t in trees.items() if m in modules}
-    else:
-        skipped = []
-    shutil.copytree(library_dir, target, ignore=shutil.ignore_patterns(*EXCLUDED, *exclude, "*.pyc", *skipped))
+    patterns = shutil.ignore_patterns(*EXCLUDED, *exclude, "*.pyc")
+
+    def ignore(folder, names):
+        out = set(patterns(folder, names))
+        return out | {n for n in names if (Path(folder) / n).resolve() in skipped}
+
+    shutil.copytree(library_dir, target, ignore=ignore)
     by_module: dict[str, set[str]] = {}
     for module, name in removed:
         by_module.setdefault(module, set()).add(name)
     for module in trees:
-        path = target / ("__init__.py" if module == "" else f"{module}.py")
+        path = target / files[module].relative_to(library_dir)
         # names this module imports (or re-exports) from a module whose definition was removed
-        dropped = {local for local, (mod, name) in _imports(trees[module]).items()
-                   if name is not None and _resolve((mod, name), trees) in set(removed)}
+        dropped = {local for local, (mod, name) in _imports(trees[module], module, all_trees).items()
+                   if name is not None and _resolve((mod, name), all_trees) in set(removed)}
         own = by_module.get(module, set())
         if own or dropped:
             path.write_text(strip_module(path.read_text(encoding="utf-8"), own, dropped | own), encoding="utf-8")
@@ -563,6 +650,11 @@ for mod, name in spec["removed"]:
         problems.append(f"rlhf_lab.{mod}.{name} is still defined")
     if hasattr(rlhf_lab, name):
         problems.append(f"rlhf_lab.{name} is still exported")
+    for other in spec["modules"]:  # re-exported by a subpackage (rlhf_lab.sequences.gae)
+        o = sys.modules.get("rlhf_lab." + other) if other else None
+        fn = getattr(o, name, None) if o is not None and other != mod else None
+        if fn is not None and getattr(fn, "__module__", None) == "rlhf_lab." + mod:
+            problems.append(f"rlhf_lab.{other}.{name} is still exported")
 for mod, name in spec["given"]:
     m = sys.modules.get("rlhf_lab." + mod if mod else "rlhf_lab")
     if m is None or not hasattr(m, name):
@@ -618,7 +710,9 @@ def ensure_build(course_root, assignment: str, notebook: str | None, library_dir
     names = names_for(assignment, notebook, manifest) if strip else ()
     source_nb = course_root / "source" / assignment / f"{Path(notebook).stem}.ipynb" if notebook else None
     given = given_names(source_nb) if source_nb is not None and source_nb.is_file() else set()
-    plan = plan_build(library_dir, names, given)
+    given = {p for p in given if p[0] in _module_files(library_dir)}  # readings that name a real module
+    known = source_nb is not None and source_nb.is_file()
+    plan = plan_build(library_dir, names, given, all_modules=not known)
     exclude = GRADER_ONLY if strip else ()
     key = build_hash(library_dir, plan.removed, (*plan.modules, *(f"-{e}" for e in exclude)))
     parent = course_root / BUILD_DIR
