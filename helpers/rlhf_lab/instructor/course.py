@@ -72,8 +72,7 @@ def nbgrader_env(root: str | os.PathLike | None = None, db_url: str | None = Non
     The venv's bin comes first on PATH; JAX is pinned to the CPU; ``MPLBACKEND`` is removed so the
     kernel keeps its inline backend (a test runner's ``Agg`` makes every ``plt.show()`` warn), and
     ``PYTEST_CURRENT_TEST`` is removed so kernels capture native stderr as they do in production.
-    Library log noise (absl, XLA, TensorFlow's C++ logging) is turned down so it cannot reach a
-    student's feedback.
+    ``TF_CPP_MIN_LOG_LEVEL=2`` keeps XLA's C++ warnings out of cell outputs and feedback.
     """
     env = dict(os.environ)
     env["PATH"] = venv_bin() + os.pathsep + env.get("PATH", "")
@@ -81,8 +80,6 @@ def nbgrader_env(root: str | os.PathLike | None = None, db_url: str | None = Non
     env["RLHF_COURSE_DB"] = db_url or default_db_url(root)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("ABSL_MIN_LOG_LEVEL", "2")
-    env.setdefault("GLOG_minloglevel", "2")
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("MPLBACKEND", None)
     env.pop("NBGRADER_EXECUTION", None)
