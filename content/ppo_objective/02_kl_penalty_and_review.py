@@ -286,19 +286,11 @@ print("beta_sweep: visible checks passed")
 # %% [markdown] nbgrader={"grade": false, "grade_id": "concept_grad", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Gradients: what the clip switches off, and what the KL keeps
 #
-# An optimiser follows the **gradient** of the objective, not its value. Differentiate one
-# surrogate term with respect to its own ratio:
-#
-# $$\frac{\partial}{\partial\rho}\min\big(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon)A\big)
-# = \begin{cases} 0 & \text{where the clipped product is the smaller one (the clip binds)}\\
-# A & \text{otherwise}\end{cases}$$
-#
-# Where the clip binds, the clipped product is a constant in $\rho$, so that sample stops
-# contributing to the update. This is a statement about single samples, not a band the policy
-# is kept inside: nothing stops the ratio from leaving $[1-\varepsilon, 1+\varepsilon]$, and
-# any other term of the loss still has its full gradient there. The section has two tasks:
-# the gradient column of notebook 1's five cases (Task 2.5), and the whole PPO loss with the
-# KL penalty when every term is clipped (Task 2.6).
+# An optimiser follows the **gradient** of the objective, not its value. Notebook 1 showed
+# where the clip changes a term's value; this section asks where it changes the term's
+# gradient with respect to its own ratio, and what is left of the gradient of the whole loss
+# when the clip binds on every sample. The section has two tasks: the gradient column of
+# notebook 1's five cases (Task 2.5), and the whole PPO loss with the KL penalty (Task 2.6).
 
 # %% nbgrader={"grade": false, "grade_id": "grad_cases", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from rlhf_lab.ppo import clipped_surrogate   # given: clipped_surrogate(ratio, advantage, epsilon), the signed clip of notebook 1
@@ -374,7 +366,17 @@ print("surrogate_gradients: visible checks passed")
 
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "read_gradients", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Reading the column.** The two rows where the clip binds have gradient exactly 0: the
+# **Reading the column.** For one term,
+#
+# $$\frac{\partial}{\partial\rho}\min\big(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon)A\big)
+# = \begin{cases} 0 & \text{where the clipped product is the smaller one (the clip binds)}\\
+# A & \text{otherwise.}\end{cases}$$
+#
+# Where the clip binds, the clipped product is a constant in $\rho$, so that sample stops
+# contributing to the update. This is a statement about single samples, not a band the policy
+# is kept inside: nothing stops the ratio from leaving $[1-\varepsilon, 1+\varepsilon]$, and
+# any other term of the loss still has its full gradient there.
+# In the table, the two rows where the clip binds have gradient exactly 0: the
 # update no longer pushes those samples at all. The row "bad action, ratio grew a lot" keeps
 # its full gradient −1: for $A < 0$ the min picks the unclipped $\rho A$ (−1.8 is smaller
 # than −1.2), which still depends on $\rho$, so the update keeps pulling that action's
@@ -402,9 +404,8 @@ print("surrogate_gradients: visible checks passed")
 #   `kl(logits, ref_logits)`, your `kl_divergence` of Task 2.1;
 # * `actions` ([B] ints), `advantages` ([B], fixed), `beta`, `epsilon` (fixed).
 #
-# Call the `surrogate` and `kl` arguments: the hidden tests pass their own in, take
-# `jax.grad` of your loss on fresh batches, and check that when every term is clipped the
-# gradient is exactly β times the gradient of the KL.
+# Call the `surrogate` and `kl` arguments: the hidden tests pass their own in and take
+# `jax.grad` of your loss on fresh batches, among them batches where every term is clipped.
 
 # %% nbgrader={"grade": false, "grade_id": "clipped_kl_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def clipped_kl_loss(logits, old_logp, actions, advantages, ref_logits, beta, epsilon=0.2,
@@ -567,3 +568,5 @@ print("clipped_kl_loss: visible checks passed")
 # * Ziegler et al. (2019), *Fine-Tuning Language Models from Human Preferences*, and Ouyang et al.
 #   (2022), *Training language models to follow instructions with human feedback*: the KL penalty
 #   against the supervised model in RLHF.
+# * Rafailov et al. (2023), *Direct Preference Optimization*: starts from the maximiser of the
+#   penalised objective, π* ∝ π_ref exp(r/β), and fits the policy to preferences without PPO.
