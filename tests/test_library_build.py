@@ -275,9 +275,8 @@ def test_the_sequence_notebooks_builds_lack_what_their_students_write():
 
 DELEGATED_GAE = '''def gae(rewards, values, mask, gamma, lam):
     """Hands the work to the course library (what the build must make impossible)."""
-    import importlib
-    library = importlib.import_module("rlhf_lab." + "seq" + "uences")
-    return getattr(library, "g" + "ae")(rewards, values, mask, gamma, lam)
+    import rlhf_lab.sequences as library
+    return library.gae(rewards, values, mask, gamma, lam)
 '''
 
 
@@ -306,3 +305,8 @@ def test_an_answer_that_hands_gae_to_the_library_loses_exactly_the_gae_points(tm
     lost = {g for g in tests if borrowed[g].score != borrowed[g].max_score}
     assert lost == {"test_seq_gae", "test_seq_gae_edges"}, {g: borrowed[g].score for g in tests}
     assert all(borrowed[g].score == 0 for g in lost)
+    # the judge's verdict on the GAE checks: the kernel's library has no rlhf_lab.sequences at all
+    graded = nbformat.read(str(root / "autograded" / "zz_borrowed_gae" / "ppo_sequences" / f"{nb_name}.ipynb"), as_version=4)
+    cell = next(c for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_seq_gae")
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    assert errors and "No module named 'rlhf_lab.sequences'" in errors[0]["evalue"], errors
