@@ -258,3 +258,16 @@ def test_bare_nbgrader_autograde_gives_the_course_commands_grades(course_command
     assert again == got
     assert json.loads((root / "integrity" / f"{ASSIGNMENT}.json").read_text()) == \
         json.loads((cmd_root / "integrity" / f"{ASSIGNMENT}.json").read_text().replace(str(cmd_root), str(root)))
+
+
+def test_a_submission_the_pre_flight_emptied_is_reported_with_what_it_found():
+    """nbgrader says only "No notebooks found" when the hook quarantined everything: the reason the
+    course reports is the pre-flight's finding, naming the notebook and the problem."""
+    from rlhf_lab.instructor import orchestrator
+
+    output = ("[AutogradeApp | WARNING] integrity pre-flight: zz/a1: nb.ipynb is not valid JSON (line 1)\n"
+              "[AutogradeApp | WARNING] integrity pre-flight: not run (quarantined): nb.ipynb\n"
+              "[AutogradeApp | ERROR] No notebooks found, did you forget to run 'generate_assignment'?\n")
+    reason = orchestrator.known_reason(output)
+    assert reason == "nothing left to grade after the integrity pre-flight: zz/a1: nb.ipynb is not valid JSON (line 1)"
+    assert orchestrator.known_reason(output.splitlines()[-1]) == "no notebook of the assignment was found in the submission"

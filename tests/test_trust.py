@@ -404,7 +404,8 @@ def test_feedback_names_the_failed_checks_without_the_hidden_tests(hostile_run):
     assert not leaks, leaks
     fb = hostile_run.root / "feedback"
     html = feedback_filter.html_text(fb / "h14_hard_coded" / "ppo_objective" / f"{hostile.NB}.html")
-    assert "Hidden test failed" in html and "fresh inputs" in html  # which check failed, and why
+    # which check failed, and why: the judge's verdict, named as the test cell's failure
+    assert "The test cell failed GradingError: surrogate_table must return" in html and "fresh inputs" in html
     html = feedback_filter.html_text(fb / "h04_patch_np_testing" / "ppo_objective" / f"{hostile.NB}.html")
     assert "tampering detected" in html and "numpy.testing.assert_allclose" in html
     assert integrity.COMMENT_TAG in html  # the integrity reason reaches the student

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,8 +86,19 @@ def failed_result(assignment: str, student: str, reason: str, seconds: float = 0
             "log": None, "notes": [], "log_tail": ""}
 
 
+#: What the pre-flight hook (:mod:`.preflight_hook`) logs for each blocking finding and quarantine.
+_PREFLIGHT_LINE = re.compile(r"integrity pre-flight: (?!not run \(quarantined\))(.+)")
+
+
 def known_reason(output: str) -> str | None:
-    """A plain reason for the failures nbgrader's output names (dead kernel, not JSON, ...), else None."""
+    """A plain reason for the failures nbgrader's output names (dead kernel, not JSON, ...), else None.
+
+    When the pre-flight quarantined every notebook, nbgrader only says it found none: the reason
+    is then what the pre-flight found (``<notebook> is not valid JSON ...``)."""
+    if "No notebooks found" in output and "integrity pre-flight: not run (quarantined)" in output:
+        found = list(dict.fromkeys(m.group(1).strip() for m in _PREFLIGHT_LINE.finditer(output)))
+        if found:
+            return "nothing left to grade after the integrity pre-flight: " + "; ".join(found)
     for needle, why in (
         ("UnresponsiveKernelError", "the kernel became unresponsive and could not be interrupted"),
         ("DeadKernelError", "the kernel died while running the submission (os._exit, crash or out of memory)"),
