@@ -54,6 +54,15 @@ def test_instructor_answer_counts_only_in_an_output(tmp_path):
     assert ff.leaked_lines(printed, set(), {ANSWER}) == [ANSWER]
 
 
+def test_a_traceback_quoting_the_students_own_answer_is_not_a_leak(tmp_path):
+    """A student whose code equals the model answer and whose cell fails sees that line quoted in the
+    traceback: their own text, not the instructor's. Quoted without being in the page's code, it leaks."""
+    own = write(tmp_path, page([ANSWER], [f"Traceback (most recent call last):\n----> 1 {ANSWER}\nValueError: bad"]))
+    assert ff.leaked_lines(own, set(), {ANSWER}) == []
+    elsewhere = write(tmp_path, page(["y = 1"], [f"Traceback (most recent call last):\n----> 1 {ANSWER}"]))
+    assert ff.leaked_lines(elsewhere, set(), {ANSWER}) == [ANSWER]
+
+
 def test_source_only_lines_are_the_answers_the_release_does_not_show():
     answers = ff.source_only_lines(REPO / "source", REPO / "release")
     released = ff._code_lines(REPO / "release")

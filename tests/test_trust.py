@@ -405,10 +405,15 @@ def test_feedback_names_the_failed_checks_without_the_hidden_tests(hostile_run):
     fb = hostile_run.root / "feedback"
     html = feedback_filter.html_text(fb / "h14_hard_coded" / "ppo_objective" / f"{hostile.NB}.html")
     # which check failed, and why: the judge's verdict, named as the test cell's failure
-    assert "The test cell failed GradingError: surrogate_table must return" in html and "fresh inputs" in html
-    html = feedback_filter.html_text(fb / "h04_patch_np_testing" / "ppo_objective" / f"{hostile.NB}.html")
-    assert "tampering detected" in html and "numpy.testing.assert_allclose" in html
-    assert integrity.COMMENT_TAG in html  # the integrity reason reaches the student
+    words = " ".join(html.split())
+    assert "The test cell failed GradingError: surrogate_table must return" in words and "fresh inputs" in words
+    # a patched np.testing decides nothing under the judge: the page gives the judge's verdict on the
+    # student's actual answer (the signed min dropped), not a grade the patch produced
+    words = " ".join(feedback_filter.html_text(fb / "h04_patch_np_testing" / "ppo_objective" / f"{hostile.NB}.html").split())
+    assert "GradingError: ppo_surrogate: Clipped the ratio but dropped the signed min" in words
+    # a blocking pre-flight finding reaches the student as the withheld cell's comment, in words
+    words = " ".join(feedback_filter.html_text(fb / "h28_shadow_module" / "ppo_objective" / f"{hostile.NB}.html").split())
+    assert f"{integrity.COMMENT_TAG} Points withheld for instructor review" in words and "numpy.py" in words
     n = len(list(fb.rglob("*.html")))
     assert n >= len([c for c in CASES if not c.ungraded])
 

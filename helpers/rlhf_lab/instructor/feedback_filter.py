@@ -365,7 +365,8 @@ def leaked_lines(html_path: str | Path, secret_lines: set[str], source_lines: se
     A hidden-test line leaks when it is a whole line of the page's code, or appears anywhere in an
     output or in the page's prose. A line of the student's own code that merely contains a few of
     the same words is not a leak. ``source_lines`` (:func:`source_only_lines`) leak only from
-    outputs: the student's own code may well equal the instructor's answer.
+    outputs, and only when they are not lines of the page's own code: the student's own code may
+    well equal the instructor's answer, and a traceback quotes it.
     """
     raw = Path(html_path).read_text(encoding="utf-8", errors="replace")
     parts = _Parts(raw)
@@ -378,7 +379,9 @@ def leaked_lines(html_path: str | Path, secret_lines: set[str], source_lines: se
         if s in code or s in rest:
             leaks.append(line)
     for line in sorted(source_lines):
-        if _squash(line) in outputs:
+        s = _squash(line)
+        # a traceback quoting the student's own code is no leak, even when that code equals the answer
+        if s in outputs and s not in code:
             leaks.append(line)
     text = html_text(html_path)
     if BEGIN in text or END in text:
