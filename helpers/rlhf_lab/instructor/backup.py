@@ -123,16 +123,11 @@ def _pg_tool(name: str) -> str | None:
 
 
 def sqlalchemy_url(db_url: str) -> str:
-    """``postgresql://`` -> ``postgresql+psycopg2://`` when psycopg 3 is absent (the course pins
-    psycopg2-binary; SQLAlchemy 2.1 maps the bare scheme to psycopg 3)."""
-    for prefix in ("postgresql://", "postgres://"):
-        if db_url.startswith(prefix):
-            try:
-                import psycopg  # noqa: F401
-            except ImportError:
-                return "postgresql+psycopg2://" + db_url[len(prefix):]
-            return "postgresql://" + db_url[len(prefix):]
-    return db_url
+    """``postgresql://`` -> ``postgresql+psycopg2://`` when psycopg 3 is absent (see
+    :func:`.course.normalise_db_url`, the one place that decides it)."""
+    from .course import normalise_db_url
+
+    return normalise_db_url(db_url)
 
 
 def redact(db_url: str) -> str:
