@@ -28,7 +28,7 @@ LAYER_NAMES = {CORE: "core", JUDGING: "judging", GRADING: "grading", LOW: "instr
 #: be listed in :data:`HIGH_INSTRUCTOR` so a new module is placed on purpose).
 LOW_INSTRUCTOR = {
     "course", "records", "sandbox", "library_build", "kernel_guard", "feedback_filter", "judge",
-    "authoring", "preprocessors", "nbgrader_cli", "lms", "compile_cache",
+    "judge_server", "authoring", "preprocessors", "nbgrader_cli", "lms", "compile_cache", "csv_export",
 }
 HIGH_INSTRUCTOR = {
     "integrity", "orchestrator", "pipeline", "parallel", "exchange", "give_feedback", "backup", "guide",

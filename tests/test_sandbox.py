@@ -159,8 +159,15 @@ def test_kernel_reaches_only_its_own_notebook_folder(course, home_probe):
 
 @needs_bwrap
 def test_no_network_a_private_tmp_and_no_course_secrets_in_the_environment(course, monkeypatch):
+    from rlhf_lab.instructor import judge, judge_server
+
     name = f"rlhf-sandbox-{uuid.uuid4().hex}.txt"
     monkeypatch.setenv("RLHF_COURSE_DB", "postgresql://grader:secret@127.0.0.1/grades")
+    # the class run's judge server: its address and key are in the grader's environment, not the kernel's,
+    # and its socket is in the grader's /tmp, which the kernel does not see
+    judge_srv = judge_server.JudgeServer(warm=False)
+    for key, value in judge_srv.env().items():
+        monkeypatch.setenv(key, value)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -177,11 +184,22 @@ def test_no_network_a_private_tmp_and_no_course_secrets_in_the_environment(cours
             "        res[host] = 'connected'\n"
             "    except OSError as exc:\n"
             "        res[host] = type(exc).__name__\n"
+            "print(json.dumps(res))",
+            "import json, os, socket\n"
+            f"res = {{k: os.environ.get(k) for k in ({judge.ADDRESS_ENV!r}, {judge.AUTHKEY_ENV!r})}}\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+            "try:\n"
+            f"    s.connect({judge_srv.address!r})\n"
+            "    res['socket'] = 'connected'\n"
+            "except OSError as exc:\n"
+            "    res['socket'] = type(exc).__name__\n"
             "print(json.dumps(res))"])
         with pytest.raises(socket.timeout):
             server.accept()  # nobody from the sandbox reached the grader's loopback
     finally:
         server.close()
+        judge_srv.close()
+    assert json_out(outs[3]) == {judge.ADDRESS_ENV: None, judge.AUTHKEY_ENV: None, "socket": "FileNotFoundError"}
     out = json_out(outs[2])
     assert set(out) == {"127.0.0.1", "1.1.1.1", "8.8.8.8"}
     assert "connected" not in out.values(), out

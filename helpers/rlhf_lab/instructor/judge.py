@@ -20,6 +20,18 @@ registered under that grade id (:data:`rlhf_lab.judging.CHECKS`) itself:
 
 The source of a test cell is the instructor's (nbgrader restores locked cells from the gradebook
 before executing), so the grade id the judge reads is trusted.
+
+**One judge for a class run.** When the course's executors grade a class they start a judge
+server (:mod:`.judge_server`) that lives for the whole run, so the references are imported and
+compiled once per run, not once per student. Its address and key reach this process through the
+environment (:data:`ADDRESS_ENV`, :data:`AUTHKEY_ENV`, read and removed when this module is loaded,
+before any kernel starts). Then :class:`ServerLink` sends the grade id there; the server runs the
+same :func:`run_check` (its own secret seed) with a student whose every request comes back over
+the connection to this process, which asks the kernel through :class:`RemoteStudent` as above and
+returns the plain-data answer; the server returns the verdict. A server that cannot be reached,
+refuses the key or dies in the middle of a check makes this process judge the cell itself (same
+code, same verdict) and log one line. Without a server (bare ``nbgrader autograde``, Formgrader's
+button) everything runs here, as described above.
 """
 from __future__ import annotations
 
@@ -27,6 +39,7 @@ import ast
 import os
 import re
 import secrets
+import time
 
 from nbformat.notebooknode import NotebookNode
 
@@ -44,8 +57,30 @@ del _rlhf_types, _rlhf_wire_module
 """
 
 
+#: Environment variables naming the judge server of this run (set for the nbgrader process only;
+#: a sandboxed kernel gets a clean environment, and this module removes them from its own).
+ADDRESS_ENV = "RLHF_JUDGE_ADDRESS"
+AUTHKEY_ENV = "RLHF_JUDGE_AUTHKEY"
+#: Version of the messages between :class:`ServerLink` and the server.
+PROTOCOL = 1
+#: What a judge server may ask this process to forward to the kernel.
+STUDENT_METHODS = ("call", "grad", "value", "scenario")
+
+
 class KernelGone(Exception):
     """The kernel stopped answering (dead, or still busy after the timeout and an interrupt)."""
+
+
+class ServerUnavailable(Exception):
+    """The judge server could not be reached, refused us, died or stopped answering."""
+
+
+class CheckCrashed(Exception):
+    """The check itself raised (not a verdict) while running in the judge server."""
+
+    def __init__(self, kind: str, text: str):
+        super().__init__(f"{kind}: {text}")
+        self.kind, self.text = kind, text
 
 
 def judged_check(cell) -> str | None:
@@ -170,6 +205,111 @@ def _reference():
     return _REFERENCE[0]
 
 
+def take_server_env(environ=None) -> tuple[str, bytes] | None:
+    """The judge server's ``(address, authkey)`` from ``environ`` (default ``os.environ``), which loses
+    both variables (so no kernel started from this process inherits them); ``None`` when unset."""
+    environ = os.environ if environ is None else environ
+    address, key = environ.pop(ADDRESS_ENV, None), environ.pop(AUTHKEY_ENV, None)
+    if not address or not key:
+        return None
+    try:
+        return address, bytes.fromhex(key)
+    except ValueError:
+        return None
+
+
+#: This process's judge server, taken from the environment when the module is loaded.
+SERVER = take_server_env()
+
+
+class ServerLink:
+    """The connection of one grader process to a judge server (see the module docstring).
+
+    Messages (pickled over an authenticated Unix socket): we send ``("judge", PROTOCOL, grade_id)``;
+    the server sends ``("ask", method, args, kwargs)`` any number of times, each answered with
+    ``("ok", plain_value)``, ``("fail", message)`` (the request raised :class:`GradingError`, for
+    example a timeout) or ``("abort",)`` (anything else, such as :class:`KernelGone`, which is then
+    raised here once the server said ``("aborted",)``); finally ``("verdict", None | message)`` or
+    ``("crashed", exception_name, text)``. ``wait`` bounds each wait for the server (seconds).
+    """
+
+    def __init__(self, address: str, authkey: bytes, wait: float = 120.0):
+        self.address, self._authkey, self.wait = address, authkey, wait
+        self._conn = None
+
+    def _connection(self):
+        if self._conn is None:
+            from multiprocessing import AuthenticationError
+            from multiprocessing.connection import Client
+
+            try:
+                self._conn = Client(self.address, family="AF_UNIX", authkey=self._authkey)
+            except (OSError, EOFError, AuthenticationError) as exc:
+                raise ServerUnavailable(f"cannot connect to {self.address} ({type(exc).__name__}: {exc})") from None
+        return self._conn
+
+    def _recv(self):
+        conn = self._conn
+        try:
+            if not conn.poll(self.wait):
+                raise ServerUnavailable(f"no answer within {self.wait:g} s")
+            return conn.recv()
+        except (OSError, EOFError) as exc:
+            raise ServerUnavailable(f"the connection was lost ({type(exc).__name__})") from None
+        except ServerUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unreadable message
+            raise ServerUnavailable(f"unreadable message ({type(exc).__name__}: {exc})") from None
+
+    def _send(self, message) -> None:
+        try:
+            self._conn.send(message)
+        except (OSError, EOFError, ValueError) as exc:
+            raise ServerUnavailable(f"the connection was lost ({type(exc).__name__})") from None
+
+    def judge(self, name: str, student) -> list:
+        """The outputs of the check ``name`` (as :func:`run_check`), decided by the server, each of its
+        requests answered by ``student``. Raises :class:`ServerUnavailable` (judge locally then),
+        :class:`CheckCrashed`, or whatever ``student`` raised other than a ``GradingError``."""
+        from rlhf_lab.judging import core
+
+        try:
+            self._connection()
+            self._send(("judge", PROTOCOL, name))
+            pending = None
+            while True:
+                message = self._recv()
+                kind = message[0] if isinstance(message, tuple) and message else None
+                if kind == "ask" and len(message) == 4 and message[1] in STUDENT_METHODS and pending is None:
+                    _, method, args, kwargs = message
+                    try:
+                        reply = ("ok", getattr(student, method)(*args, **kwargs))
+                    except core.GradingError as exc:
+                        reply = ("fail", str(exc))
+                    except Exception as exc:  # noqa: BLE001 - raised here once the server stopped the check
+                        pending, reply = exc, ("abort",)
+                    self._send(reply)
+                elif kind == "aborted" and pending is not None:
+                    raise pending
+                elif kind == "verdict" and len(message) == 2 and (message[1] is None or isinstance(message[1], str)):
+                    return [] if message[1] is None else [error_output(message[1])]
+                elif kind == "crashed" and len(message) == 3:
+                    raise CheckCrashed(str(message[1]), str(message[2]))
+                else:
+                    raise ServerUnavailable(f"unexpected message {str(message)[:80]!r}")
+        except ServerUnavailable:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except OSError:
+                pass
+            self._conn = None
+
+
 def judge_enabled() -> bool:
     """False only with ``RLHF_JUDGE=0``: the benchmark's baseline, where the same checks run inside the
     kernel (``grading.judge`` with its private copy of the checks), as they did before the judge."""
@@ -186,6 +326,8 @@ class JudgeCells:
 
     _judge_client = None
     _judge_km = None
+    _judge_link = None
+    _judge_link_broken = False
 
     def create_kernel_manager(self):
         """The kernel manager, told that the judge decides this notebook's tests (the sandbox then gives
@@ -203,7 +345,11 @@ class JudgeCells:
         try:
             client = self._client_for_judge(timeout)
             student = RemoteStudent(client, self._spec_or_stub(name), timeout, interrupt=self._interrupt_for_judge)
-            cell.outputs = run_check(name, student)
+            cell.outputs = self._decide(name, student)
+        except CheckCrashed as exc:
+            self.log.error("judging %s failed: %s", name, exc)
+            cell.outputs = [error_output(f"the grader could not run this check ({exc}); "
+                                         "the instructor will look at it", "GraderError")]
         except KernelGone as exc:
             cell.outputs = [error_output(str(exc), "KernelStopped")]
             if hasattr(self, "_stopped"):
@@ -214,6 +360,30 @@ class JudgeCells:
                                          "the instructor will look at it", "GraderError")]
         cell.execution_count = None
         return cell, resources
+
+    def _decide(self, name: str, student) -> list:
+        """The check's outputs: from this run's judge server when there is one, else from this process."""
+        link = self._link()
+        if link is not None:
+            started = time.monotonic()
+            try:
+                return link.judge(name, student)
+            except ServerUnavailable as exc:
+                self._judge_link_broken = True
+                self._close_judge_link()
+                self.log.warning("judge server %s unavailable after %.1f s (%s): judging in this process",
+                                 link.address, time.monotonic() - started, exc)
+        return run_check(name, student)
+
+    def _link(self):
+        if self._judge_link is None and SERVER is not None and not self._judge_link_broken:
+            self._judge_link = ServerLink(*SERVER)
+        return self._judge_link
+
+    def _close_judge_link(self) -> None:
+        if self._judge_link is not None:
+            self._judge_link.close()
+            self._judge_link = None
 
     @staticmethod
     def _spec_or_stub(name):
@@ -265,3 +435,4 @@ class JudgeCells:
             return super().preprocess(nb, resources, km)
         finally:
             self._close_judge_client()
+            self._close_judge_link()

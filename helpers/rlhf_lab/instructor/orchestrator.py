@@ -9,6 +9,11 @@ in the course root (its own process group, killed on the per-student time limit)
 submission fails alone, with a reason, and the others are graded; its attempt is kept in the run
 records (:mod:`.records`), so a re-run grades only what did not finish.
 
+For a class run the executors keep one judge alive for the whole run (:mod:`.judge_server`:
+the sequential executor in its own process, each Dask worker once), so the hidden tests'
+references compile once per run; each task's nbgrader process finds it through its environment
+(``TaskSpec.judge_server``) and judges by itself when it cannot reach it.
+
 Arguments and results are plain data (:class:`TaskSpec` in, a dict out), so a Dask worker on any
 machine with the course folder can run a task.
 """
@@ -178,6 +183,7 @@ class TaskSpec:
     db_url: str  # the URL the task gives nbgrader (SQLite with a busy timeout, see worker_db_url)
     timeout: float = DEFAULT_STUDENT_TIMEOUT
     force: bool = True  # --force: a half-finished earlier attempt is wiped, the student regraded
+    judge_server: bool = False  # point nbgrader at this process's judge server (started on first use)
 
 
 def worker_db_url(db_url: str, busy_timeout: float = SQLITE_BUSY_TIMEOUT) -> str:
@@ -230,12 +236,17 @@ def grade_submission(spec: TaskSpec, student: str) -> dict:
     record = records.begin_record(course, assignment, student, spec.db_url)
     log_file = records.log_path(course, assignment, student)
     cmd = _pdeathsig_prefix() + autograde_command(assignment, student, spec.db_url, spec.force)
+    extra_env = None
+    if spec.judge_server:
+        from . import judge_server
+
+        extra_env = judge_server.child_env()
     returncode: int | None = None
     timed_out = False
     with open(log_file, "w", encoding="utf-8", errors="replace") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=course.root, env=course.env(spec.db_url),
+        proc = subprocess.Popen(cmd, cwd=course.root, env=course.env(spec.db_url, extra_env),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         records.note_child(course, assignment, student, record, proc.pid)
@@ -290,22 +301,36 @@ def grade_with_one_retry(spec: TaskSpec, student: str) -> dict:
 
 # ------------------------------------------------------------------------------------- executors
 class SequentialExecutor:
-    """A pool of one: the students one after another in this process's children."""
+    """A pool of one: the students one after another in this process's children.
+
+    With ``judge_server`` (default: unless ``RLHF_JUDGE_SERVER=0``) one judge server runs in this
+    process for the whole :meth:`run` and every student's nbgrader process judges there."""
 
     workers = 1
     mode = "sequential"
+
+    def __init__(self, judge_server: bool | None = None):
+        self.judge_server = judge_server
 
     def describe(self, spec: TaskSpec, n: int) -> str:
         return f"grading {n} student(s) of {spec.assignment} sequentially"
 
     def run(self, spec: TaskSpec, students: Sequence[str],
             on_result: Callable[[dict], None] | None = None) -> list[dict]:
+        from . import judge_server
+
+        serve = judge_server.enabled() if self.judge_server is None else self.judge_server
+        spec = dataclasses.replace(spec, judge_server=serve)
         results = []
-        for student in students:
-            result = grade_with_one_retry(spec, student)
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
+        try:
+            for student in students:
+                result = grade_with_one_retry(spec, student)
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+        finally:
+            if serve:
+                judge_server.stop_shared()
         return results
 
 

@@ -407,13 +407,18 @@ class DaskExecutor:
     neither, a LocalCluster of ``workers`` processes (default: the usable cores) is started for the
     run and shut down after it. A task is retried once on a transient gradebook error
     (``retries=1``); a task whose worker died twice fails that student alone.
+
+    With ``judge_server`` (default: unless ``RLHF_JUDGE_SERVER=0``) each worker process starts one
+    judge server on its first task (:mod:`.judge_server`) and keeps it for the run; it is stopped on
+    every worker when the run ends.
     """
 
     mode = "parallel"
 
     def __init__(self, *, client=None, scheduler: str | None = None, workers: int | None = None,
-                 stream: TextIO | None = None):
+                 stream: TextIO | None = None, judge_server: bool | None = None):
         self.client, self.scheduler, self.requested = client, scheduler, workers
+        self.judge_server = judge_server
         self.workers = workers or 0
         self.stream = stream
 
@@ -424,6 +429,10 @@ class DaskExecutor:
             on_result: Callable[[dict], None] | None = None) -> list[dict]:
         from distributed import Client
 
+        from . import judge_server
+
+        serve = judge_server.enabled() if self.judge_server is None else self.judge_server
+        spec = dataclasses.replace(spec, judge_server=serve)
         own_cluster = own_client = None
         client = self.client
         try:
@@ -440,6 +449,12 @@ class DaskExecutor:
                 self.stream.flush()
             return _run_dask(spec, list(students), client, on_result)
         finally:
+            if serve and client is not None:
+                try:
+                    client.run(judge_server.stop_shared)
+                except Exception as exc:  # noqa: BLE001 - a worker that is gone took its server with it
+                    if self.stream is not None:
+                        self.stream.write(f"could not stop the workers' judge servers: {exc}\n")
             if own_client is not None:
                 own_client.close()
             if own_cluster is not None:
