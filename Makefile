@@ -21,12 +21,18 @@ demo: venv
 lesson: venv
 	$(RUN) $(PY) -m rlhf_lab.lesson_cli --out demo_out
 
-## make test: the whole suite, browser tests included
+## make test: the whole suite, browser tests included. The fast tests run on two processes (one per
+## core, pytest-xdist, a file per process at a time); the class runs, browser and PostgreSQL tests
+## after them in one process (they start their own workers and servers). Both parts always run.
+FAST := not slow and not browser and not postgres
 test: venv
-	$(RUN) $(PY) -m pytest -q --durations=20
+	@status=0; \
+	$(RUN) $(PY) -m pytest -q -n 2 --dist loadfile -m "$(FAST)" || status=$$?; \
+	$(RUN) $(PY) -m pytest -q --durations=20 -m "not ($(FAST))" || status=$$?; \
+	exit $$status
 
 test-fast: venv
-	$(RUN) $(PY) -m pytest -q -m "not slow and not browser and not postgres"
+	$(RUN) $(PY) -m pytest -q -n 2 --dist loadfile -m "$(FAST)"
 
 test-browser: venv
 	$(RUN) $(PY) -m pytest -q -m browser
