@@ -152,6 +152,33 @@ def multi_prompt_ppo_loss(logits, old_logp, actions, advantages, ref_logp, beta,
     return -jnp.mean(terms) + beta * jnp.mean(kl)
 
 
+#: t_{0.975, n-1} for n = 2..12, from a printed table (not computed by scipy, the grader's source)
+T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646, 8: 2.3060, 9: 2.2622,
+         10: 2.2281, 11: 2.2010}
+
+
+def seed_interval(values, quantile=None, ddof=1, root_n=True):
+    x = np.asarray(values, np.float64)
+    n = x.size
+    q = T_975[n - 1] if quantile is None else quantile
+    s = np.sqrt(np.sum((x - x.mean()) ** 2) / (n - ddof))
+    half = q * s / (np.sqrt(n) if root_n else 1.0)
+    return x.mean(), x.mean() - half, x.mean() + half
+
+
+def optimum_frontier(ref_logp, rewards, betas):
+    """Enumerated in float64 from the formula pi* = pi_ref exp(r / b) / Z (no library code)."""
+    ref = np.asarray(ref_logp, np.float64)
+    r = np.asarray(rewards, np.float64)
+    kls, rs = [], []
+    for b in np.asarray(betas, np.float64):
+        w = np.exp(ref + r / b - np.max(ref + r / b))
+        p = w / w.sum()
+        kls.append(np.sum(p * (np.log(p) - ref)))
+        rs.append(np.sum(p * r))
+    return np.array(kls), np.array(rs)
+
+
 RECORDED_RUN = {"initial_reward": 0.28191882, "reward": np.array([1.0, 1.9185448]), "kl": np.array([0.5, 0.7824773])}
 
 CORRECT = {
@@ -167,6 +194,7 @@ CORRECT = {
     "multi_prompt_ppo_loss": multi_prompt_ppo_loss, "analytic_optimum": ppo.optimal_logp,
     "regularised_objective": ppo.regularised_objective,
     "objective_reference": 0.28191882, "objective_trained": 1.7620493, "objective_optimum": 1.7987912,
+    "seed_interval": seed_interval, "optimum_frontier": optimum_frontier,
 }
 LESSON = reward.fit_reward(np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]], np.float32), np.array([0, 0, 1]),
                            np.array([1, 2, 2]), steps=100, learning_rate=0.1)
@@ -203,7 +231,7 @@ def test_every_test_cell_has_one_check_and_a_one_line_hidden_region():
 def test_the_bandit_assignments_have_their_checks():
     count = {a: sum(CHECKS[n].assignment == a for n in BANDIT) for a in ("ppo_objective", "ppo_rlhf")}
     assert count["ppo_objective"] == 9, count
-    assert count["ppo_rlhf"] == 20, count
+    assert count["ppo_rlhf"] == 22, count
 
 
 @pytest.mark.parametrize("name", BANDIT)
@@ -398,6 +426,62 @@ def test_the_loop_is_graded_with_the_graders_update_not_the_students():
 def test_optimum_overflow_is_named():
     _fails("test_optimum_log_space", _with(analytic_optimum=lambda ref, r, b: jnp.log(
         jax.nn.softmax(ref) * jnp.exp(r / b) / jnp.sum(jax.nn.softmax(ref) * jnp.exp(r / b)))), "log space")
+
+
+def test_seed_interval_model_answer_matches_the_printed_t_table():
+    # 1, 2, 3, 4: mean 2.5, s = 1.29099, t_{0.975, 3} = 3.1824 -> half-width 2.0543 (by hand)
+    mean, low, high = seed_interval(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert (mean, round(low, 3), round(high, 3)) == (2.5, 0.446, 4.554)
+    _run("test_seed_interval", CORRECT, seed=4)
+
+
+@pytest.mark.parametrize("wrong,message", [
+    (lambda v: seed_interval(v, ddof=0), "not the population one (ddof=0)"),
+    (lambda v: seed_interval(v, quantile=1.959964), "not the normal 1.96"),
+    (lambda v: seed_interval(v, root_n=False), "divide the standard deviation by sqrt(n)"),
+    (lambda v: seed_interval(v, quantile=T_975[len(v)]), "n - 1 degrees of freedom, not n"),
+])
+def test_seed_interval_mistakes_are_named(wrong, message):
+    _fails("test_seed_interval", _with(seed_interval=wrong), message)
+
+
+def test_seed_interval_that_returns_one_number_fails():
+    _fails("test_seed_interval", _with(seed_interval=lambda v: float(np.mean(v))), "the three numbers")
+
+
+def _frontier_with(kl_of=None, reward_of=None, beta_map=lambda b: b):
+    """A frontier built from the float64 formula with one piece changed, as a student might."""
+    def frontier(ref_logp, rewards, betas):
+        ref = np.asarray(ref_logp, np.float64)
+        r = np.asarray(rewards, np.float64)
+        kls, rs = [], []
+        for b in np.asarray(betas, np.float64):
+            z = ref + r / beta_map(b)
+            p = np.exp(z - np.logaddexp.reduce(z))
+            kls.append(kl_of(p, ref) if kl_of else np.sum(p * (np.log(p) - ref)))
+            rs.append(reward_of(p, ref, r) if reward_of else np.sum(p * r))
+        return np.array(kls), np.array(rs)
+    return frontier
+
+
+@pytest.mark.parametrize("wrong,message", [
+    (_frontier_with(kl_of=lambda p, ref: np.sum(np.exp(ref) * (ref - np.log(p)))), "wrong direction"),
+    (_frontier_with(reward_of=lambda p, ref, r: np.sum(np.exp(ref) * r)), "rewards are those of pi_ref"),
+    (_frontier_with(beta_map=lambda b: 1.0 / b), "beta is used as 1 / beta"),
+    (lambda ref, r, b: optimum_frontier(ref, r, b)[::-1], "the pair is swapped"),
+])
+def test_frontier_mistakes_are_named(wrong, message):
+    _fails("test_optimum_frontier", _with(optimum_frontier=wrong), message)
+
+
+def test_frontier_model_answer_passes_on_several_seeds():
+    for seed in range(3):
+        _run("test_optimum_frontier", CORRECT, seed=seed)
+
+
+def test_frontier_of_the_wrong_length_fails():
+    _fails("test_optimum_frontier", _with(optimum_frontier=lambda ref, r, b: optimum_frontier(ref, r, b[:2])),
+           "shape [5]")
 
 
 # ------------------------------------------------------------------------------------------------

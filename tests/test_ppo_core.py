@@ -293,6 +293,91 @@ def test_tiny_beta_optimum_does_not_overflow():
     assert np.isfinite(j)
 
 
+def _np_frontier(ref_logits, rewards, betas):
+    """(KL(pi* || pi_ref), E_pi*[r]) per beta by direct enumeration in float64 (no library code)."""
+    ref = _np_logsoftmax(ref_logits)
+    r = np.asarray(rewards, np.float64)
+    kls, rs = [], []
+    for b in betas:
+        logp = _np_logsoftmax(ref + r / b)
+        p = np.exp(logp)
+        kls.append(np.sum(p * (logp - ref)))
+        rs.append(np.sum(p * r))
+    return np.array(kls), np.array(rs)
+
+
+def test_frontier_matches_the_float64_enumeration():
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 5):
+        ref_logits, r = rng.normal(size=n), rng.normal(scale=1.5, size=n)
+        betas = np.array([0.05, 0.2, 1.0, 4.0])
+        kls, rs = ppo.reward_kl_frontier(jax.nn.log_softmax(jnp.asarray(ref_logits, jnp.float32)),
+                                         jnp.asarray(r, jnp.float32), betas)
+        want_kl, want_r = _np_frontier(ref_logits.astype(np.float32), r.astype(np.float32), betas)
+        assert kls.shape == rs.shape == (4,)
+        np.testing.assert_allclose(np.asarray(kls), want_kl, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(rs), want_r, rtol=1e-4, atol=1e-6)
+
+
+def test_frontier_kl_and_reward_grow_as_beta_falls():
+    ref_logp = jax.nn.log_softmax(jnp.array([0.2, 0.0, -0.2]))
+    rewards = jnp.asarray(LESSON_REWARDS, jnp.float32)
+    betas = np.geomspace(5.0, 0.1, 25)  # falling; below about 0.05 float32 saturates at the best action
+    kls, rs = (np.asarray(x, np.float64) for x in ppo.reward_kl_frontier(ref_logp, rewards, betas))
+    assert np.all(np.diff(kls) > 0), kls
+    assert np.all(np.diff(rs) > 0), rs
+    kls, rs = (np.asarray(x, np.float64) for x in ppo.reward_kl_frontier(ref_logp, rewards, np.geomspace(5, 1e-3, 40)))
+    assert np.all(np.diff(kls) >= -1e-7) and np.all(np.diff(rs) >= -1e-7)
+    # the two ends: the reference (KL 0, E_ref[r]) and the best action (KL -log pi_ref(0), r(0))
+    p_ref = np.exp(np.asarray(ref_logp, np.float64))
+    big_kl, big_r = ppo.reward_kl_frontier(ref_logp, rewards, [1e6])
+    assert float(big_kl[0]) == pytest.approx(0.0, abs=1e-6)
+    assert float(big_r[0]) == pytest.approx(float(p_ref @ LESSON_REWARDS), abs=1e-4)
+    small_kl, small_r = ppo.reward_kl_frontier(ref_logp, rewards, [1e-3])
+    assert float(small_kl[0]) == pytest.approx(-np.log(p_ref[0]), abs=1e-4)
+    assert float(small_r[0]) == pytest.approx(LESSON_REWARDS[0], abs=1e-4)
+
+
+def _above_frontier(kl, reward, front_kl, front_r, tol):
+    """Points (kl, reward) that beat a frontier point with at least its KL: reward > front_r at kl <= front_kl."""
+    kl, reward = np.asarray(kl, np.float64).ravel(), np.asarray(reward, np.float64).ravel()
+    # strictly less KL (by a float32 margin: along the curve the reward rises with slope beta per nat)
+    beaten = (kl[:, None] <= front_kl[None, :] - 1e-6) & (reward[:, None] > front_r[None, :] + tol)
+    return np.argwhere(beaten)
+
+
+def test_no_random_policy_lies_above_the_frontier():
+    """Brute force: thousands of random policies, none with more reward at no more KL than pi*_beta."""
+    rng = np.random.default_rng(8)
+    for n in (2, 3, 4):
+        ref_logits, r = rng.normal(size=n), rng.normal(scale=2.0, size=n)
+        ref = _np_logsoftmax(ref_logits.astype(np.float32))
+        policies = rng.dirichlet(np.full(n, 0.5), size=4000)  # [4000, n], float64
+        logp = np.log(np.maximum(policies, 1e-300))
+        kl = np.sum(policies * (logp - ref), axis=1)
+        reward = policies @ r.astype(np.float32)
+        betas = np.geomspace(10.0, 0.01, 40)
+        front_kl, front_r = (np.asarray(x, np.float64) for x in ppo.reward_kl_frontier(
+            jnp.asarray(ref, jnp.float32), jnp.asarray(r, jnp.float32), betas))
+        assert _above_frontier(kl, reward, front_kl, front_r, tol=1e-5).size == 0
+        # the check can fail: a point just above a frontier point is caught
+        assert _above_frontier([front_kl[5] - 1e-4], [front_r[5] + 1e-3], front_kl, front_r, tol=1e-5).size > 0
+
+
+def test_no_ppo_run_of_a_sweep_lies_above_the_frontier():
+    from rlhf_lab import PPOConfig, sweep_grid
+
+    betas, epsilons = np.array([0.05, 0.2, 1.0]), np.array([0.1, 0.3])
+    cfg = PPOConfig(iterations=10, batch_size=32, epochs=2)
+    grid = sweep_grid(cfg, betas, epsilons)
+    ref_logp = jax.nn.log_softmax(jnp.asarray(cfg.init_logits, jnp.float32))
+    front_kl, front_r = (np.asarray(x, np.float64) for x in ppo.reward_kl_frontier(
+        ref_logp, jnp.asarray(LESSON_REWARDS, jnp.float32), np.geomspace(10.0, 0.01, 60)))
+    assert _above_frontier(grid.final_kl, grid.final_reward, front_kl, front_r, tol=1e-5).size == 0
+    # every run gained reward over the reference, so the comparison is not vacuous
+    assert np.all(np.asarray(grid.final_reward) > front_r[0] + 0.1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Reward model
 

@@ -48,6 +48,7 @@ NAMES = list(NOTEBOOKS)
 EXPERIMENTS = {
     "experiment_clip_terms", "fit_lesson_rewards", "reference_experiment", "run_lesson_03", "diagnostics_experiment",
     "experiment_clip_04", "experiment_baseline", "kl_values_04", "objective_values_answer", "explorer_cell",
+    "seed_sweep_04", "frontier_sweep_04",
 }
 
 

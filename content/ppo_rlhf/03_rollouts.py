@@ -24,7 +24,7 @@
 # * **Expected time:** about 75 minutes.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Points.** This notebook: **16 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **50 points**: 44 autograded and 6 graded by hand.
+# **Points.** This notebook: **16 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **56 points**: 48 autograded and 8 graded by hand.
 #
 # | graded cell | points | how |
 # |---|---|---|

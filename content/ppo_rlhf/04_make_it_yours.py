@@ -11,7 +11,8 @@
 #
 # Short experiments that probe the pieces you built: both clipping directions, why a
 # baseline does not bias the gradient, KL at the reference, detaching behaviour
-# information in a new setting, and the analytic optimum of the regularised objective.
+# information in a new setting, the analytic optimum of the regularised objective, how much a run
+# moves when only its seed changes, and where PPO runs land against the exact reward-KL frontier.
 # The trained run comes from the course library (`seed_style_train`, the lesson's loop),
 # so this notebook does not depend on your earlier answers. The signed clip and the exact
 # KL, graded twice already, are given here as the library's `clipped_surrogate(ratio,
@@ -20,12 +21,14 @@
 #
 # * **You will be able to** show by enumeration that a baseline changes the variance and not the
 #   mean, batch the PPO loss over several prompts, compute the KL-regularised optimum in log space
-#   and explain what it bounds, and diagnose a broken run from its symptoms.
+#   and explain what it bounds, put a 95% interval over seeds on a run's numbers before comparing
+#   settings, place PPO runs against the exact reward-KL frontier, and diagnose a broken run from
+#   its symptoms.
 # * **Prerequisites:** notebooks 1 to 3.
-# * **Expected time:** about 75 minutes.
+# * **Expected time:** about 95 minutes.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Points.** This notebook: **16 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **50 points**: 44 autograded and 6 graded by hand.
+# **Points.** This notebook: **22 points**. The whole assignment `ppo_rlhf` (four notebooks) is worth **56 points**: 48 autograded and 8 graded by hand.
 #
 # | graded cell | points | how |
 # |---|---|---|
@@ -38,11 +41,17 @@
 # | `test_optimum_log_space` | 2 | autograded |
 # | **Task 4.4: `regularised_objective`** (2 points) | | |
 # | `test_optimum_bound` | 2 | autograded |
-# | **Task 4.5: diagnose the result** (2 points) | | |
+# | **Task 4.5: `seed_interval`** (2 points) | | |
+# | `test_seed_interval` | 2 | autograded |
+# | **Task 4.6: `optimum_frontier`** (2 points) | | |
+# | `test_optimum_frontier` | 2 | autograded |
+# | **Task 4.7: runs against the frontier** (2 points) | | |
+# | `frontier_answer` | 2 | graded by hand |
+# | **Task 4.8: diagnose the result** (2 points) | | |
 # | `diagnose_answer` | 2 | graded by hand |
-# | **Task 4.6: the four lifetimes** (2 points) | | |
+# | **Task 4.9: the four lifetimes** (2 points) | | |
 # | `understanding_a1` | 2 | graded by hand |
-# | **Task 4.7: the signed minimum and the optimum** (2 points) | | |
+# | **Task 4.10: the signed minimum and the optimum** (2 points) | | |
 # | `understanding_a2` | 2 | graded by hand |
 #
 # Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is, and do not delete, move or edit the locked cells (the grader restores them); your own extra cells are fine anywhere, and a harmless line above the first cell (a `%matplotlib` magic, say) is only listed for the instructor, it costs nothing.
@@ -56,7 +65,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import matplotlib.pyplot as plt
-from rlhf_lab import categorical_kl, clipped_surrogate, lesson_rewards
+from scipy import stats
+from rlhf_lab import PPOConfig, categorical_kl, clipped_surrogate, lesson_rewards, sweep_grid, sweep_seeds
 from rlhf_lab.lesson import seed_style_train
 
 rewards = lesson_rewards()                                      # frozen rewards, [3]
@@ -316,10 +326,218 @@ np.testing.assert_allclose([objective_reference, objective_trained, objective_op
                            err_msg="regularised objective of the reference / trained / optimum policy (beta = 0.2)")
 print("optimum bound: visible checks passed")
 
-# %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## 6. Diagnose the result
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "seeds_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 6. How far apart are two seeds?
 #
-# ### Task 4.5: diagnose the result (2 points)
+# Every run so far used one seed. Before you compare two values of β or ε (the frontier below, the
+# explorer at the end), find out how much a run moves when *only* the seed changes: the batch
+# samples differ, so the final policy differs. The library's `sweep_seeds(config, seeds)` trains one
+# run per seed in a single compiled call (`vmap` over the PRNG keys); every field of its result gains
+# a leading `[S]` axis.
+#
+# To summarise `n` final values (one per seed), use the 95% t-interval for their mean,
+#
+# $$\bar x \pm t_{0.975,\,n-1}\,\frac{s}{\sqrt n},\qquad s = \sqrt{\tfrac{1}{n-1}\textstyle\sum_i (x_i-\bar x)^2},$$
+#
+# with the quantile from `stats.t.ppf(0.975, n - 1)` (`scipy.stats`, imported above). With eight
+# seeds that quantile is 2.36, not the normal 1.96.
+#
+# Write `seed_interval(values)` returning the three floats `(mean, low, high)` for a 1-D array of
+# `n >= 2` values.
+#
+# ### Task 4.5: `seed_interval` (2 points)
+
+# %% nbgrader={"grade": false, "grade_id": "seed_interval_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def seed_interval(values):
+    """95% t-interval of the mean of n values: (mean, mean - t s / sqrt(n), mean + t s / sqrt(n)).
+
+    values: [n] floats (one per seed), n >= 2; s is the sample std (ddof=1), t = t_{0.975, n-1}.
+    """
+    ### BEGIN SOLUTION
+    x = np.asarray(values, dtype=np.float64)
+    n = x.shape[0]
+    half = stats.t.ppf(0.975, n - 1) * x.std(ddof=1) / np.sqrt(n)
+    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_seed_interval", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_seed_interval: on fresh samples of 3 to 11 values, (mean, low, high) is mean -+ t_{0.975, n-1} s / sqrt(n) with the sample std
+### BEGIN HIDDEN TESTS
+grading.judge("test_seed_interval")
+### END HIDDEN TESTS
+# four values 1, 2, 3, 4: mean 2.5, s = 1.2910, t_{0.975, 3} = 3.1824, half-width 3.1824 * 1.2910 / 2 = 2.0543
+np.testing.assert_allclose(np.asarray(seed_interval(np.array([1.0, 2.0, 3.0, 4.0])), dtype=np.float64),
+                           [2.5, 0.44573974, 4.55426026], atol=1e-4,
+                           err_msg="seed_interval([1, 2, 3, 4]): expected (mean, low, high) = "
+                                   "(2.5, 0.4457, 4.5543)")
+print("seed interval: visible check passed")
+
+# %% [markdown]
+# **Prediction** (not graded, but write it down *before* running the next cell):
+# eight runs with β = 0.2 and ε = 0.2 differ only in their seed. How far apart will their final
+# expected rewards be (0.001? 0.01? 0.1?), and is that more or less than the difference you would
+# expect between ε = 0.1 and ε = 0.3?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "seed_sweep_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# short runs (20 rollouts of 32 samples, 3 epochs) so that each sweep compiles once and runs in a moment
+SHORT_SIZES = dict(iterations=20, batch_size=32, epochs=3)
+SHORT = PPOConfig(**SHORT_SIZES)
+seeds = np.arange(8)
+settings = [(0.2, 0.1), (0.2, 0.2), (0.2, 0.3), (0.05, 0.2)]          # (beta, epsilon)
+seed_finals = {}                                                      # (beta, epsilon) -> (rewards [8], kls [8])
+for beta_s, eps_s in settings:
+    runs = sweep_seeds(PPOConfig(**SHORT_SIZES, beta=beta_s, epsilon=eps_s), seeds, rewards)
+    seed_finals[beta_s, eps_s] = (np.asarray(runs.reward[:, -1]), np.asarray(runs.kl[:, -1]))
+for (beta_s, eps_s), (fin_r, fin_kl) in seed_finals.items():
+    m_r, lo_r, hi_r = seed_interval(fin_r)
+    m_kl, lo_kl, hi_kl = seed_interval(fin_kl)
+    print(f"beta = {beta_s:<4} eps = {eps_s:<4} final reward {m_r:.4f} [{lo_r:.4f}, {hi_r:.4f}] "
+          f"(min {fin_r.min():.4f}, max {fin_r.max():.4f});  final KL {m_kl:.4f} [{lo_kl:.4f}, {hi_kl:.4f}] nats")
+
+# %% nbgrader={"grade": false, "grade_id": "seed_plot_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+fig, (ax_r, ax_k) = plt.subplots(1, 2, figsize=(11, 3.5))
+labels = [f"β={b}, ε={e}" for b, e in settings]
+for ax, which, unit in ((ax_r, 0, "expected reward (reward units)"), (ax_k, 1, "KL(π‖π_ref) (nats)")):
+    for k, key in enumerate(settings):
+        vals = seed_finals[key][which]
+        mean, low, high = seed_interval(vals)
+        ax.fill_between([k - 0.25, k + 0.25], vals.min(), vals.max(), color="#9ecae1", alpha=0.5,
+                        label="min-max over seeds" if k == 0 else None)
+        ax.errorbar(k, mean, yerr=[[mean - low], [high - mean]], fmt="o", color="#08519c", capsize=4,
+                    label="mean, 95% t-interval" if k == 0 else None)
+        ax.plot(np.full(vals.shape, k), vals, ".", color="grey", markersize=4)
+    ax.set_xticks(range(len(settings)), labels, fontsize="small")
+    ax.set_xlabel("setting (β, ε), 8 seeds each")
+    ax.set_ylabel(f"final {unit}")
+    ax.legend(fontsize="small")
+ax_r.set_title("Final reward over seeds")
+ax_k.set_title("Final KL over seeds")
+plt.show()
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "frontier_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 7. The exact reward-KL frontier
+#
+# Each β has its optimum $\pi^*_\beta \propto \pi_{\text{ref}}\,e^{r/\beta}$ (Task 4.3), and each
+# optimum is one point $\big(\mathrm{KL}(\pi^*_\beta\Vert\pi_{\text{ref}}),\ \mathbb E_{\pi^*_\beta}[r]\big)$.
+# As β falls from very large to very small, the points run from the reference, $(0, \mathbb E_{\pi_{\text{ref}}}[r])$,
+# to the best action, $(-\log\pi_{\text{ref}}(a_{\text{best}}),\ \max_a r(a))$. The curve is a frontier: $\pi^*_\beta$
+# maximises $\mathbb E_\pi[r] - \beta\,\mathrm{KL}(\pi\Vert\pi_{\text{ref}})$ over *all* policies, so a policy
+# with no more KL than $\pi^*_\beta$ cannot have more reward (that is the Lagrangian of "most reward
+# at a given KL"). No run, however it is trained, can lie above it.
+#
+# Write `optimum_frontier(ref_logp, rewards, betas)` returning the pair `(kls, expected_rewards)`, two
+# arrays of shape `[B]` for the `B` values in `betas`, from *your* `analytic_optimum`. For the KL use the
+# library's `categorical_kl(logp, ref_logp)` (log-probabilities, the optimum first).
+#
+# ### Task 4.6: `optimum_frontier` (2 points)
+
+# %% nbgrader={"grade": false, "grade_id": "optimum_frontier_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def optimum_frontier(ref_logp, rewards, betas):
+    """(KL(pi*_b || pi_ref), E_{pi*_b}[r]) for every b in betas, pi*_b = analytic_optimum(ref_logp, rewards, b).
+
+    ref_logp, rewards: [n]; betas: [B] (each > 0). Returns two [B] arrays: nats, reward units.
+    """
+    ### BEGIN SOLUTION
+    opt = jnp.stack([analytic_optimum(ref_logp, rewards, b) for b in np.asarray(betas)])   # [B, n]
+    return categorical_kl(opt, ref_logp), jnp.sum(jnp.exp(opt) * rewards, axis=-1)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_optimum_frontier", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_optimum_frontier: on fresh references, rewards and beta grids the pair equals (KL(pi*_b || pi_ref), E_{pi*_b}[r]) per beta
+### BEGIN HIDDEN TESTS
+grading.judge("test_optimum_frontier")
+### END HIDDEN TESTS
+probe_kl, probe_r = (np.asarray(x, dtype=np.float64) for x in optimum_frontier(ref_logp, rewards, np.array([1e6, 0.2])))
+# beta = 1e6: the reference itself (KL 0, the recorded initial reward 0.28191882); beta = 0.2: the optimum of section 5
+np.testing.assert_allclose(probe_kl, [0.0, 0.90995699], atol=1e-5,
+                           err_msg="KL(pi* || pi_ref) for beta = 1e6 and 0.2: expected [0, 0.90996] nats")
+np.testing.assert_allclose(probe_r, [0.28191882, 1.98078251], atol=1e-5,
+                           err_msg="E_pi*[r] for beta = 1e6 and 0.2: expected [0.28192, 1.98078]")
+falling = np.asarray(optimum_frontier(ref_logp, rewards, np.array([2.0, 1.0, 0.5, 0.3]))[0], dtype=np.float64)
+assert np.all(np.diff(falling) > 0), f"the KL must grow as beta falls (2, 1, 0.5, 0.3), got {falling}"
+print("optimum frontier: visible checks passed")
+
+# %% [markdown]
+# **Prediction** (not graded, but write it down *before* running the next cell):
+# the next cell trains a 5 × 3 grid of short runs (β from 0.05 to 1, ε from 0.1 to 0.3, one seed).
+# Which runs will land closest to the frontier, and will each run land near the frontier point of
+# its *own* β? Can any run land above the curve?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "frontier_sweep_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+grid_betas, grid_epsilons = np.array([0.05, 0.1, 0.2, 0.5, 1.0]), np.array([0.1, 0.2, 0.3])
+grid = sweep_grid(SHORT, grid_betas, grid_epsilons, rewards)          # one compiled call, fields [5, 3]
+run_kl, run_reward = np.asarray(grid.final_kl), np.asarray(grid.final_reward)
+curve_kl, curve_reward = (np.asarray(x, dtype=np.float64)
+                          for x in optimum_frontier(ref_logp, rewards, np.geomspace(50.0, 0.01, 80)))
+own_kl, own_reward = (np.asarray(x, dtype=np.float64) for x in optimum_frontier(ref_logp, rewards, grid_betas))
+# vertical gap: run reward minus the frontier's reward at the run's own KL (negative = below the curve)
+gap = run_reward - np.interp(run_kl, curve_kl, curve_reward)
+for i, b in enumerate(grid_betas):
+    print(f"beta = {b:<4}: pi*_beta at KL {own_kl[i]:.3f} nats, reward {own_reward[i]:.3f}; runs (eps 0.1/0.2/0.3) "
+          f"KL {np.round(run_kl[i], 3)}, gap to the curve {np.round(gap[i], 4)}")
+print("largest gap (above the curve would be > 0):", float(gap.max()))
+
+# %% nbgrader={"grade": false, "grade_id": "frontier_plot_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+fig, ax = plt.subplots(figsize=(7, 4.5))
+ax.plot(curve_kl, curve_reward, color="#d62728", label="frontier: π*_β for β from 50 to 0.01")
+colours = plt.cm.viridis(np.linspace(0.0, 0.9, len(grid_betas)))
+for i, b in enumerate(grid_betas):
+    ax.plot(own_kl[i], own_reward[i], "*", color=colours[i], markersize=13, markeredgecolor="black",
+            label=f"π*_β, β = {b}")
+    for j, (e, marker) in enumerate(zip(grid_epsilons, "o^s")):
+        ax.plot(run_kl[i, j], run_reward[i, j], marker, color=colours[i], markersize=6, markeredgecolor="black",
+                label=f"PPO run, ε = {e}" if i == 0 else None)
+ax.set_xlabel("KL(π‖π_ref) (nats)")
+ax.set_ylabel("expected reward (reward units)")
+ax.set_title("Final PPO runs of a β × ε sweep against the exact frontier")
+ax.legend(fontsize="x-small", ncol=2, loc="lower right")
+plt.show()
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "frontier_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Task 4.7: runs against the frontier (2 points)
+#
+# Which runs of the grid sit close to the frontier, and does each run sit near the point $\pi^*_\beta$
+# of its own β? Give two reasons why a run's final policy need not be $\pi^*_\beta$, and explain why
+# no run (and no policy at all) can lie above the curve. Use the printed gaps and the intervals of
+# section 6 to say which differences between runs you would trust.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "frontier_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# **Model answer.** Every run ends below the curve, by 0.01 to 0.035 reward units at its own KL
+# (the printed gaps are all negative), and every run ends short of the point of its own β: at
+# β ≤ 0.2 the optimum is almost the best action (KL about 0.91 nats) while the runs stop near 0.62
+# to 0.68 nats; at β = 1 the runs (about 0.4 nats) are closest to the curve and to their own point
+# (0.50 nats). A run's final policy is not $\pi^*_\beta$ because PPO takes finitely many steps (20
+# rollouts here) with a finite learning rate, each from a sampled batch, so the path is noisy (the
+# seed intervals of section 6) and unfinished; and clipping removes the incentive on samples past
+# $1\pm\varepsilon$, which slows each rollout's step (the ε = 0.1 runs lag most). No run lies above
+# the curve: $\pi^*_\beta$ maximises $\mathbb E[r]-\beta\,\mathrm{KL}$ over all policies, so a policy with more
+# reward at no more KL would have a larger objective than the maximiser, a contradiction; the
+# frontier is the most reward at each KL (the Lagrangian of that constrained problem). Between
+# ε = 0.2 and 0.3 the runs differ by less than the seed interval, so from one seed that difference
+# is not a finding; ε = 0.1 against 0.3 at β = 0.2 is (the intervals do not overlap).
+#
+# **Rubric (2 points).**
+# - 1 point: identifies which runs are near the frontier/their own β's point (large β near it; small
+#   β short of it, at smaller KL) and gives at least two reasons a run is not $\pi^*_\beta$ (finite
+#   iterations or learning rate, sampling noise of the batches, clipping).
+# - 1 point: no point can lie above the frontier because $\pi^*_\beta$ maximises $\mathbb E[r]-\beta\,\mathrm{KL}$
+#   (the Lagrangian: the most reward at a given KL); bonus remarks on seed noise are welcome but
+#   not required.
+# ### END SOLUTION
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 8. Diagnose the result
+#
+# ### Task 4.8: diagnose the result (2 points)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # A classmate's run prints ratios that are exactly 1.0 on every inner step, a clip fraction
@@ -350,10 +568,10 @@ print("optimum bound: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "understanding_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## 7. Check your understanding
+# ## 9. Check your understanding
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "understanding_q1", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ### Task 4.6: the four lifetimes (2 points)
+# ### Task 4.9: the four lifetimes (2 points)
 #
 # Name the four objects with different lifetimes in this lesson (current policy, old
 # behaviour policy, reference policy, reward model) and say when each one changes. What goes
@@ -377,7 +595,7 @@ print("optimum bound: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "understanding_q2", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ### Task 4.7: the signed minimum and the optimum (2 points)
+# ### Task 4.10: the signed minimum and the optimum (2 points)
 #
 # Why must the minimum be taken over the products $\rho A$ and
 # $\operatorname{clip}(\rho)A$ rather than over the ratios? And why does the analytic optimum
@@ -402,7 +620,7 @@ print("optimum bound: visible checks passed")
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "explorer_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## 8. Play: the live explorer
+# ## 10. Play: the live explorer
 #
 # Move β and ε and watch reward, KL and the action probabilities respond. The explorer
 # re-runs the compiled trainer for every slider value (it is not graded and is skipped
@@ -441,7 +659,10 @@ else:
 #   incentive on samples already past the band in the direction their advantage favours, and is
 #   not a trust region: the β·KL term keeps its gradient when every surrogate term is clipped.
 # * **Reward beside KL.** The optimum $\pi^* \propto \pi_{\text{ref}}e^{r/\beta}$ trades them exactly;
-#   a run is judged by both numbers, never by the reward alone.
+#   a run is judged by both numbers, never by the reward alone, and no run lies above the frontier
+#   that the optimum traces as β varies.
+# * **Seeds first.** A difference between two settings smaller than the interval over seeds is not
+#   a finding.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "dpo_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## From $\pi^*$ to DPO

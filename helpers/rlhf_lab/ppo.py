@@ -82,6 +82,28 @@ def optimal_logp(ref_logp: jax.Array, rewards: jax.Array, beta) -> jax.Array:
     return jax.nn.log_softmax(ref_logp + rewards / beta)
 
 
+def reward_kl_frontier(ref_logp: jax.Array, rewards: jax.Array, betas) -> tuple[jax.Array, jax.Array]:
+    """The exact reward-KL frontier traced by the analytic optimum as ``beta`` varies.
+
+    For each ``beta`` the optimum ``pi*_beta = softmax(ref_logp + r / beta)`` (:func:`optimal_logp`)
+    gives one point ``(KL(pi*_beta || pi_ref), E_{pi*_beta}[r])``. By the Lagrangian of
+    ``max E_pi[r] subject to KL(pi || pi_ref) <= k``, each point is the largest expected reward any
+    policy reaches at that KL: no policy lies above the curve. As ``beta`` falls, both coordinates
+    grow (towards the best action's reward and ``-log pi_ref(best)``); as ``beta`` grows they fall
+    to ``(0, E_ref[r])``. The reference and the rewards are held fixed.
+
+    Args:
+      ref_logp: ``[n]`` reference log-probabilities; rewards: ``[n]`` frozen rewards;
+      betas: ``[B]`` KL coefficients, each > 0.
+
+    Returns:
+      ``(kls, expected_rewards)``, each ``[B]``: KL in nats and expected reward in reward units.
+    """
+    betas = jnp.asarray(betas, jnp.float32)
+    opt = jax.vmap(lambda b: optimal_logp(ref_logp, rewards, b))(betas)  # [B, n]
+    return categorical_kl(opt, ref_logp), expected_reward(opt, rewards)
+
+
 def ppo_loss(
     logits: jax.Array,
     old_logp: jax.Array,

@@ -58,7 +58,7 @@ MANIFEST: dict[str, tuple[str, ...]] = {
     "ppo_rlhf/03_rollouts": ("_rollout_update", "exact_advantages", "make_train", "run_lesson",
                              "seed_style_train", "sweep_grid", "sweep_seeds", "train", "train_core"),
     "ppo_rlhf/04_make_it_yours": ("enumerated_baseline_gradient", "exact_reward_gradient", "optimal_logp",
-                                  "ppo_loss", "regularised_objective"),
+                                  "ppo_loss", "regularised_objective", "reward_kl_frontier"),
     "ppo_sequences/01_masks_and_sft": ("masked_nll", "preference_loss", "response_mask", "sequence_logprob"),
     "ppo_sequences/02_ppo_pieces": ("gae", "per_token_rewards", "policy_loss", "value_loss", "whiten"),
     "ppo_sequences/03_loop_and_analysis": ("dpo_loss", "expected_estimates", "group_advantages", "k1", "k2", "k3"),

@@ -1,4 +1,5 @@
-"""Checks of ``ppo_rlhf/04_make_it_yours``: the baseline experiment, the transfer task and the challenge.
+"""Checks of ``ppo_rlhf/04_make_it_yours``: the baseline experiment, the transfer task, the challenge,
+the interval over seeds and the reward-KL frontier.
 
 The signed clip and the exact KL are given here (the library's ``clipped_surrogate`` and
 ``categorical_kl``): they were graded in ``ppo_objective`` and in ``01_losses``.
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import Jax, check, close, diagnose, equal, to_float
+from .core import Jax, check, close, diagnose, equal, pair, to_float
 from .procedures import as_jax
 from .registry import check as register
 
@@ -155,3 +156,81 @@ def optimum_bound(student, rng, ref):
             other = float(ref.regularised_objective(logp, r, ref_logp, beta))
             check(best >= other - 1e-4, f"the optimum's objective {best:.6f} is below policy {k}'s {other:.6f} "
                                         f"(beta = {beta:g}): the optimum is not the maximiser")
+
+
+def _t_quantile(dof: int) -> float:
+    """The 0.975 quantile of Student's t with ``dof`` degrees of freedom (the grader's scipy)."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, dof))
+
+
+@register("test_seed_interval", task="seed_interval", needs=("seed_interval",), assignment=A, notebook=NB)
+def seed_interval(student, rng, ref):
+    """95% t-interval over seeds, mean +- t_{0.975, n-1} s / sqrt(n) with the sample std, on fresh samples."""
+    for n in (3, 4, 6, 11):
+        values = rng.normal(loc=rng.uniform(-2.0, 2.0), scale=rng.uniform(0.05, 1.0), size=n)
+        got = to_float(student.call("seed_interval", values.copy()), "seed_interval result")
+        check(got.shape == (3,), f"seed_interval must return the three numbers (mean, low, high), "
+                                 f"got shape {got.shape}")
+        mean, s, s_pop = values.mean(), values.std(ddof=1), values.std(ddof=0)
+        t = _t_quantile(n - 1)
+
+        def interval(half):
+            return np.array([mean, mean - half, mean + half])
+
+        want = interval(t * s / np.sqrt(n))
+        diagnose(got, want, lambda: {
+            "use the sample standard deviation (ddof=1, divide by n - 1), not the population one (ddof=0)":
+                interval(t * s_pop / np.sqrt(n)),
+            "use the t quantile with n - 1 degrees of freedom (scipy.stats.t.ppf(0.975, n - 1)), "
+            "not the normal 1.96: with a handful of seeds the interval must be wider":
+                interval(1.959964 * s / np.sqrt(n)),
+            "divide the standard deviation by sqrt(n): the interval is for the mean over seeds, "
+            "not for one seed": interval(t * s),
+            "the t quantile has n - 1 degrees of freedom, not n": interval(_t_quantile(n) * s / np.sqrt(n)),
+        }, "seed_interval")
+        # tolerance relative to the half-width: a t quantile read from a 4-digit table passes
+        half = t * s / np.sqrt(n)
+        close(got, want, f"(mean, low, high) of {n} seeds", rtol=1e-6, atol=1e-4 * half + 1e-9,
+              hint="mean -+ t * s / sqrt(n) with s = std(values, ddof=1) and t = scipy.stats.t.ppf(0.975, n - 1)")
+
+
+@register("test_optimum_frontier", task="optimum_frontier", needs=("optimum_frontier", "analytic_optimum"),
+          forbid=("reward_kl_frontier", "optimal_logp", "regularised_objective"), assignment=A, notebook=NB)
+def optimum_frontier(student, rng, ref):
+    """(KL(pi*_b || pi_ref), E_{pi*_b}[r]) for each b of a fresh beta grid, on fresh references and rewards."""
+    import jax
+
+    for n in (3, 5):
+        ref_logp = np.asarray(jax.nn.log_softmax(rng.normal(size=n).astype(np.float32)))
+        r = rng.normal(scale=1.5, size=n).astype(np.float32)
+        # below 0.7, so that 1 / beta is never close to beta
+        betas = np.sort(rng.uniform(0.05, 0.7, size=5)).astype(np.float32)[::-1].copy()
+        got = pair(student.call("optimum_frontier", Jax(ref_logp), Jax(r), betas.copy()), "optimum_frontier",
+                   "the pair (kls, rewards)")
+        kls = to_float(got[0], "optimum_frontier kls")
+        rewards = to_float(got[1], "optimum_frontier rewards")
+        check(kls.shape == rewards.shape == (5,), f"optimum_frontier must return two arrays of shape [5] for 5 "
+                                                  f"betas, got shapes {kls.shape} and {rewards.shape}")
+        want_kl, want_r = (np.asarray(x, np.float64) for x in ref.reward_kl_frontier(ref_logp, r, betas))
+        want = np.concatenate([want_kl, want_r])
+
+        def mistakes():
+            opt = np.asarray(jax.vmap(lambda b: ref.optimal_logp(ref_logp, r, b))(betas))
+            reversed_kl = np.asarray(ref.categorical_kl(np.broadcast_to(ref_logp, opt.shape), opt), np.float64)
+            ref_reward = float(ref.expected_reward(ref_logp, r))
+            inv_kl, inv_r = (np.asarray(x, np.float64) for x in ref.reward_kl_frontier(ref_logp, r, 1.0 / betas))
+            return {
+                "the KL is in the wrong direction: measure KL(pi*_beta || pi_ref), the optimum first "
+                "(categorical_kl(optimum_logp, ref_logp))": np.concatenate([reversed_kl, want_r]),
+                "the rewards are those of pi_ref: take the expected reward under the optimum pi*_beta":
+                    np.concatenate([want_kl, np.full(5, ref_reward)]),
+                "beta is used as 1 / beta: pi* is proportional to pi_ref exp(r / beta)":
+                    np.concatenate([inv_kl, inv_r]),
+                "the pair is swapped: return (kls, rewards)": np.concatenate([want_r, want_kl]),
+            }
+
+        diagnose(np.concatenate([kls, rewards]), want, mistakes, "optimum_frontier")
+        close(kls, want_kl, "KL(pi*_beta || pi_ref) per beta (nats)", rtol=1e-4, atol=1e-5)
+        close(rewards, want_r, "E_{pi*_beta}[r] per beta (reward units)", rtol=1e-4, atol=1e-5)
