@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import stat
 import time
@@ -228,13 +229,17 @@ def child_server():
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_serve_in_child, args=(child,), daemon=True)
     proc.start()
+    address = None
     try:
         assert parent.poll(120), "the judge server process did not start"
-        yield proc, parent.recv()
+        address = parent.recv()
+        yield proc, address
     finally:
         if proc.is_alive():
             proc.kill()
         proc.join(10)
+        if address is not None:  # a killed server cannot remove its own folder
+            shutil.rmtree(os.path.dirname(address[0]), ignore_errors=True)
 
 
 def test_a_server_killed_mid_check_makes_the_grader_judge_the_cell_itself(child_server, monkeypatch, caplog):
@@ -288,13 +293,12 @@ def test_through_the_server_a_cell_gets_the_verdict(server, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_class_gets_the_same_grades_with_and_without_the_server(tmp_path, tmp_path_factory, monkeypatch):
+def test_a_class_gets_the_same_grades_with_and_without_the_server(tmp_path, monkeypatch):
     """One small class (a correct student and two mistakes of ``ppo_objective``) graded by the course's
     sequential run twice: once with the run's judge server, once with each student's process judging
     by itself (``RLHF_JUDGE_SERVER=0``, as bare ``nbgrader autograde`` does); cell by cell the same."""
-    import glob
-
-    from course_support import correct_submission, mistakes, replace_cell, run_custom_class, session_base
+    from course_support import REPO, correct_submission, mistakes, own_db, replace_cell, write_submissions
+    from rlhf_lab.instructor import pipeline
 
     assignment = "ppo_objective"
     chosen = [(sid, m) for sid, m in sorted(mistakes().items()) if m.assignment == assignment][:2]
@@ -304,20 +308,27 @@ def test_a_class_gets_the_same_grades_with_and_without_the_server(tmp_path, tmp_
         nbs = correct_submission(assignment)
         nbs[m.notebook] = replace_cell(nbs[m.notebook], m.grade_id, m.code)
         subs[sid] = {assignment: nbs}
-    base = session_base(tmp_path_factory)
+    folder = write_submissions(tmp_path / "submissions", subs)
+
+    def grade(dest):
+        root = pipeline.copy_course(dest, REPO, include=("nbgrader_config.py", "source", "release"))
+        pipeline.generate(root, [assignment], db_url=own_db(root))
+        return pipeline.run_class(folder, root=root, db_url=own_db(root), names=[assignment], fresh=False,
+                                  regenerate=False, compile_cache=False)
+
     judge_server.LAST.clear()
-    served = run_custom_class(tmp_path / "served", subs, base, names=[assignment])
+    served = grade(tmp_path / "served")
     stats = dict(judge_server.LAST)
     monkeypatch.setenv("RLHF_JUDGE_SERVER", "0")
     judge_server.LAST.clear()
-    alone = run_custom_class(tmp_path / "alone", subs, base, names=[assignment])
+    alone = grade(tmp_path / "alone")
     assert judge_server.LAST == {}  # no server was started for the second run
 
     tests = served.grades.tests(assignment)
     assert tests and stats.get("served", 0) >= len(tests) * len(subs), stats
-    logs = "".join(open(p, encoding="utf-8", errors="replace").read()
-                   for p in glob.glob(str(served.root / "**" / "*.log"), recursive=True))
-    assert "judging in this process" not in logs
+    logs = [os.path.join(d, f) for d, _, files in os.walk(served.root) for f in files if f.endswith(".log")]
+    assert len(logs) >= len(subs)  # each student's nbgrader log (the run records keep them)
+    assert not [p for p in logs if "judging in this process" in open(p, encoding="utf-8", errors="replace").read()]
     for sid in subs:
         a = {g: (c.score, c.max_score) for g, c in served.grades.by_cell(sid, assignment).items()}
         b = {g: (c.score, c.max_score) for g, c in alone.grades.by_cell(sid, assignment).items()}

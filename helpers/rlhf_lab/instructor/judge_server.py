@@ -113,7 +113,7 @@ class JudgeServer:
         self._lock = threading.Lock()
         # no authkey here: the challenge runs in each connection's own thread, so a client that
         # never answers it cannot hold up the others
-        self._listener = Listener(self.address, family="AF_UNIX")
+        self._listener = Listener(self.address, family="AF_UNIX", backlog=16)
         self._thread = threading.Thread(target=self._accept_loop, name="rlhf-judge-server", daemon=True)
         self._thread.start()
         if warm:
