@@ -392,9 +392,21 @@ seed_finals = {}                                                      # (beta, e
 for beta_s, eps_s in settings:
     runs = sweep_seeds(PPOConfig(**SHORT_SIZES, beta=beta_s, epsilon=eps_s), seeds, rewards)
     seed_finals[beta_s, eps_s] = (np.asarray(runs.reward[:, -1]), np.asarray(runs.kl[:, -1]))
+
+
+def interval_of(values):
+    """Your seed_interval(values) as three floats; NaNs and a note if it does not return three numbers."""
+    try:
+        m, lo, hi = (float(np.asarray(v)) for v in seed_interval(values))
+    except Exception as err:  # a wrong answer must not stop the experiment
+        print(f"seed_interval did not give three numbers ({type(err).__name__}: {err}); plotting NaN")
+        m = lo = hi = float("nan")
+    return m, lo, hi
+
+
 for (beta_s, eps_s), (fin_r, fin_kl) in seed_finals.items():
-    m_r, lo_r, hi_r = seed_interval(fin_r)
-    m_kl, lo_kl, hi_kl = seed_interval(fin_kl)
+    m_r, lo_r, hi_r = interval_of(fin_r)
+    m_kl, lo_kl, hi_kl = interval_of(fin_kl)
     print(f"beta = {beta_s:<4} eps = {eps_s:<4} final reward {m_r:.4f} [{lo_r:.4f}, {hi_r:.4f}] "
           f"(min {fin_r.min():.4f}, max {fin_r.max():.4f});  final KL {m_kl:.4f} [{lo_kl:.4f}, {hi_kl:.4f}] nats")
 
@@ -404,11 +416,11 @@ labels = [f"β={b}, ε={e}" for b, e in settings]
 for ax, which, unit in ((ax_r, 0, "expected reward (reward units)"), (ax_k, 1, "KL(π‖π_ref) (nats)")):
     for k, key in enumerate(settings):
         vals = seed_finals[key][which]
-        mean, low, high = seed_interval(vals)
+        m, lo, hi = interval_of(vals)
         ax.fill_between([k - 0.25, k + 0.25], vals.min(), vals.max(), color="#9ecae1", alpha=0.5,
                         label="min-max over seeds" if k == 0 else None)
-        ax.errorbar(k, mean, yerr=[[mean - low], [high - mean]], fmt="o", color="#08519c", capsize=4,
-                    label="mean, 95% t-interval" if k == 0 else None)
+        ax.vlines(k, lo, hi, color="#08519c", linewidth=2, label="95% t-interval of the mean" if k == 0 else None)
+        ax.plot(k, m, "o", color="#08519c", label="mean over seeds" if k == 0 else None)
         ax.plot(np.full(vals.shape, k), vals, ".", color="grey", markersize=4)
     ax.set_xticks(range(len(settings)), labels, fontsize="small")
     ax.set_xlabel("setting (β, ε), 8 seeds each")
