@@ -204,6 +204,9 @@ c.Exchange.path_includes_course = False
 _lms = _course_module("lms.py", "rlhf_lab_course_lms")
 c.ZipCollectApp.collector_plugin = _lms.LmsFileNameCollector
 c.LmsFileNameCollector.roster = os.environ.get("RLHF_ROSTER") or _lms.default_roster(_root)
+# * `nbgrader export` writes grades.csv with a real CSV writer, as UTF-8: a student folder named
+#   with a comma, a quote or a newline stays one row with the same columns.
+c.ExportApp.plugin_class = _course_module("csv_export.py", "rlhf_lab_course_csv_export").CsvExport
 c.LmsFileNameCollector.released = sorted({
     _name for _a in (os.listdir(os.path.join(_root, "release")) if os.path.isdir(os.path.join(_root, "release")) else [])
     if os.path.isdir(os.path.join(_root, "release", _a))

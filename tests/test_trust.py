@@ -1,8 +1,10 @@
 """Grading that can be trusted (issue 5): hostile and broken submissions, timeouts, re-runs, nothing lost.
 
 Fast tests (no nbgrader run): the committed hostile cases are in sync with their generator, the
-static integrity scan blocks every tampering construct and raises no false alarm on honest code or
-on the bundled example class, the pre-flight reports every malformed case, the feedback filter
+pre-flight raises no blocking finding on the bundled example class, reports every malformed case,
+repairs what nbgrader would refuse (duplicated locked cells, edited locked metadata, changed cell
+types), moves links and FIFOs out without following them, rejects only the folder names nbgrader
+cannot address, the feedback filter
 removes hidden-test code but keeps the failure message, the kernel limits are wired in
 ``nbgrader_config.py`` and hold in a started process, and ``release/`` holds no hidden-test line.
 
@@ -20,8 +22,8 @@ Slow tests grade for real:
   graded a second time from scratch in a fresh course copy; that run is killed after two students
   (every process of it, SIGKILL), the grades already written are checked, the run is resumed (it
   grades only what is missing) and the final grades must equal the first run's, cell by cell.
-  By default the second run covers ``ppo_objective`` (every student who submitted it);
-  ``RLHF_TRUST_FULL_CLASS=1`` makes it cover both assignments.
+  The second run covers ``ppo_objective`` for the first ``RLHF_TRUST_REGRADE_STUDENTS`` (default 4)
+  students by id; ``RLHF_TRUST_FULL_CLASS=1`` makes it cover both assignments of those students.
 """
 from __future__ import annotations
 
@@ -70,73 +72,6 @@ def test_readme_trust_table_is_the_committed_report_table():
     assert readme == report, "README.md's trust table differs from docs/trust_report.md: run tools/trust_report.py"
 
 
-BLOCKED_SNIPPETS = {
-    "np.testing.assert_allclose = lambda *a, **k: None": "tamper-attribute",
-    "import jax.numpy as J\nJ.allclose = lambda *a, **k: True": "tamper-attribute",
-    "jax.grad = lambda f: f": "tamper-attribute",
-    "float = lambda x=0: 0.0": "rebind-builtin",
-    "import builtins\nbuiltins.float = int": "tamper-attribute",
-    "import rlhf_lab.ppo\nrlhf_lab.ppo.ppo_loss = lambda *a: 0": "tamper-attribute",
-    "grading.close = lambda *a, **k: None": "tamper-attribute",
-    "setattr(np.testing, 'assert_allclose', print)": "tamper-attribute",
-    "import unittest\nunittest.TestCase.assertEqual = lambda *a: None": "tamper-attribute",
-    "np = FakeNumpy()": "rebind-name",
-    "import cupy as np": "rebind-name",
-    "class A(float):\n    def __eq__(self, other):\n        return True": "fake-dunder",
-    "class A:\n    __bool__ = lambda self: True": "fake-dunder",
-    "A = type('A', (), {'__eq__': lambda s, o: True})": "fake-dunder",
-    "import os\nif os.environ.get('NBGRADER_' + 'EXECUTION'):\n    pass": "grading-detection",
-    "import os\nos._exit(0)": "blocked-call",
-    "import sys\nsys.exit()": "blocked-call",
-    "raise SystemExit": "blocked-call",
-    "import sys\nsys.modules['numpy'] = None": "sys-modules",
-    "import sys\nsys.setprofile(None)": "blocked-call",
-    "import sys\nsys.settrace(None)": "blocked-call",
-    "import ctypes": "blocked-import",
-    "import gc\ngc.get_referrers(np)": "blocked-call",
-    "import sys\nframe = sys._getframe(1)": "blocked-call",
-    "f = lambda: 0\nf.__code__ = g.__code__": "tamper-internals",
-    "exec('np.testing.assert_allclose = None')": "tamper-attribute",
-    "exec(codecs.decode(payload, 'rot13'))": "dynamic-code",
-    "get_ipython().events.register('pre_run_cell', patch)": "ipython-internals",
-    "!sed -i s/0/9/ ../../../gradebook.db": "shell",
-    "import subprocess": "blocked-import",
-    "import sqlite3": "blocked-import",
-    "open('../../../helpers/rlhf_lab/ppo.py', 'w').write('')": "file-tamper",
-    "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)": "blocked-import",
-}
-
-
-@pytest.mark.parametrize("code", list(BLOCKED_SNIPPETS))
-def test_static_scan_blocks_tampering_constructs(code):
-    hits = integrity.scan_code(code)
-    codes = {h.code for h in hits if h.severity == integrity.BLOCK}
-    assert BLOCKED_SNIPPETS[code] in codes, (code, hits)
-    assert all(h.line >= 1 and h.message for h in hits)
-
-
-HONEST_SNIPPETS = [
-    "import numpy as np\nimport jax\nimport jax.numpy as jnp\n"
-    "def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):\n"
-    "    '''Mentions the autograder in a docstring, which changes nothing.'''\n"
-    "    ratio = jnp.asarray(ratio)\n    if not clip:\n        return ratio * advantage\n"
-    "    return jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)\n",
-    "total = 0\nfor i in range(3):\n    total += i\nprint(f'{total=}')\n%matplotlib inline\n",
-    "import matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (6, 4)\nfig, ax = plt.subplots()\n"
-    "ax.set_xlabel('ratio')\n",
-    "class Result:\n    def __init__(self, value):\n        self.value = value\n    def __repr__(self):\n"
-    "        return f'Result({self.value})'\n",
-    "capped_ratio = 1.8\ncapped_advantage = 1.5\n",
-    "x = np.zeros(3)\nx[0] = 1.0\nkey = jax.random.PRNGKey(0)\n",
-]
-
-
-@pytest.mark.parametrize("code", HONEST_SNIPPETS)
-def test_static_scan_does_not_block_honest_code(code):
-    blocking = [h for h in integrity.scan_code(code) if h.severity == integrity.BLOCK]
-    assert not blocking, blocking
-
-
 def test_no_false_alarm_on_the_bundled_example_class():
     """Correct, unchanged, noisy and classic-mistake submissions raise no blocking finding."""
     subs = REPO / "examples" / "submissions"
@@ -154,28 +89,106 @@ def test_no_false_alarm_on_the_bundled_example_class():
     assert checked >= 10
 
 
-def test_copied_answer_cell_only_warns_but_a_copied_locked_cell_blocks():
+def test_duplicated_cells_and_changed_types_are_repaired_and_the_rest_is_graded():
+    """A copied locked cell (nbgrader would refuse the notebook), a copied answer, a cell saved as
+    markdown or raw, a locked cell whose metadata was edited: the pre-flight names each cell and its
+    problem, withholds nothing, and repairs the notebook into the release's structure."""
     import copy as _copy
 
     from fixtures import submissions
 
     nb = submissions.correct_submission("ppo_objective", REPO)[hostile.NB]
     specs = integrity.release_specs(REPO, "ppo_objective")
+    spec = specs[hostile.NB_FILE]
     checker = integrity._Checker(REPO, "ppo_objective", specs, {}, quarantine=False)
     idx = {c.metadata.get("nbgrader", {}).get("grade_id"): i for i, c in enumerate(nb.cells)}
+
+    def structure(notebook):
+        return [(c.cell_type, c.metadata.get("nbgrader", {}).get("grade_id"),
+                 c.metadata.get("nbgrader", {}).get("locked")) for c in notebook.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id")]
+
+    release = nbformat.read(str(REPO / "release" / "ppo_objective" / hostile.NB_FILE), as_version=4)
+    want = structure(release)
 
     def copied(gid, where):
         out = _copy.deepcopy(nb)
         cell = _copy.deepcopy(out.cells[idx[gid]])
         cell["id"] = "copy-of-" + gid
         out.cells.insert(where, cell)
-        return {f.code: f for f in checker.check_notebook("s", hostile.NB_FILE, out)}
+        return out
 
-    answer = copied("ppo_surrogate", idx["ppo_surrogate"] + 1)  # pasted right below the original
-    assert "duplicate-answer" in answer and not [f for f in answer.values() if f.blocking]
-    test = copied("test_ppo_surrogate", idx["test_surrogate_table"])
-    assert test["duplicate-cell"].blocking and ("01_clipped_objective.ipynb", "test_surrogate_table") in \
-        test["duplicate-cell"].withhold
+    broken = {
+        "duplicate-answer": copied("ppo_surrogate", idx["ppo_surrogate"] + 1),
+        "duplicate-cell": copied("test_ppo_surrogate", idx["test_surrogate_table"]),
+    }
+    md = _copy.deepcopy(nb)
+    md.cells[idx["surrogate_table"]] = integrity._with_type(md.cells[idx["surrogate_table"]], "markdown")
+    broken["cell-type"] = md
+    meta = _copy.deepcopy(nb)
+    meta.cells[idx["test_surrogate_table"]].metadata["nbgrader"]["grade"] = False
+    broken["edited-metadata"] = meta
+    for code, notebook in broken.items():
+        found = checker.check_notebook("s", hostile.NB_FILE, notebook)
+        mine = [f for f in found if f.code == code]
+        assert mine, (code, [f.text() for f in found])
+        assert not [f for f in found if f.blocking], [f.text() for f in found if f.blocking]
+        assert mine[0].grade_id and mine[0].grade_id in mine[0].message and mine[0].cell is not None
+        repaired, repairs = checker.repair_notebook("s", hostile.NB_FILE, notebook)
+        assert code in repairs
+        assert structure(repaired) == want, code
+        assert [f for f in checker.check_notebook("s", hostile.NB_FILE, repaired) if f.code == code] == []
+    # the duplicated locked cell keeps its first copy (where the release has it)
+    rep, _ = checker.repair_notebook("s", hostile.NB_FILE, broken["duplicate-cell"])
+    assert [c.get("id") for c in rep.cells].count("copy-of-test_ppo_surrogate") == 0
+    assert spec.by_id("test_ppo_surrogate") is not None
+
+
+def test_a_display_magic_above_the_first_locked_cell_only_warns():
+    from fixtures import submissions
+
+    nb = submissions.correct_submission("ppo_objective", REPO)[hostile.NB]
+    specs = integrity.release_specs(REPO, "ppo_objective")
+    checker = integrity._Checker(REPO, "ppo_objective", specs, {}, quarantine=False)
+    for source, code in (("%matplotlib widget", "magic-before-start"), ("x = 1", "code-before-start")):
+        top = nbformat.v4.new_code_cell(source)
+        top["id"] = "top-cell"
+        nb2 = nbformat.from_dict({**nb, "cells": [top] + list(nb.cells)})
+        found = checker.check_notebook("s", hostile.NB_FILE, nb2)
+        assert code in {f.code for f in found}
+        assert not [f for f in found if f.blocking or f.withhold]
+
+
+def test_symlinks_and_fifos_are_moved_out_as_they_are_never_followed(tmp_path):
+    root = pipeline.copy_course(tmp_path / "course", REPO)
+    folder = root / "submitted" / "s1" / "ppo_objective"
+    folder.mkdir(parents=True)
+    shutil.copyfile(HOSTILE / "h00_control_correct" / "ppo_objective" / hostile.NB_FILE, folder / hostile.NB_FILE)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("instructor only")
+    os.symlink(secret, folder / "notes.txt")
+    os.symlink(root / "source", folder / "src")
+    os.mkfifo(folder / "pipe")
+    report = integrity.preflight("ppo_objective", root, ["s1"])
+    codes = [(f.code, f.notebook) for f in report.for_student("s1")]
+    assert ("symlink", "notes.txt") in codes and ("symlink", "src") in codes and ("special-file", "pipe") in codes
+    assert not [f for f in report.blocking("s1") if f.notebook == hostile.NB_FILE]
+    left = sorted(p.name for p in folder.iterdir())
+    assert left == [hostile.NB_FILE], left
+    q = root / integrity.QUARANTINE / "s1" / "ppo_objective"
+    assert (q / "notes.txt").is_symlink() and (q / "src").is_symlink()  # moved as links
+    assert secret.read_text() == "instructor only" and (root / "source" / "ppo_objective").is_dir()
+
+
+@pytest.mark.parametrize("name, usable", [
+    ("doe, jane", True), ("o'neil \"jr\"", True), ("zoë ångström", True),
+    ("new\nline", False), ("bad\udcffbyte", False), ("star*", False), (".hidden", False),
+])
+def test_student_folder_names_graded_or_rejected_alone_and_named_readably(name, usable):
+    assert (integrity._unusable_name(name) == "") is usable
+    shown = integrity.readable_name(name)
+    assert "\n" not in shown and shown.isprintable()
+    shown.encode("utf-8")  # printable in any log or report
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +210,8 @@ def test_preflight_reports_each_case(preflight_course, case):
     for f in found:  # every finding names the student and says what is wrong, in words
         assert f.student == case.student and f.assignment == case.assignment and len(f.message) > 20
         if f.code not in ("missing-notebook", "student-id-characters", "extra-file", "renamed-notebook",
-                          "unknown-notebook", "other-assignment", "invalid-notebook", "shadow-module"):
+                          "unknown-notebook", "other-assignment", "invalid-notebook", "shadow-module", "symlink",
+                          "special-file", "file-name"):
             assert f.notebook and (f.cell is not None or f.grade_id or f.code == "kernel-name"), f
     blocking = {f.code for f in found if f.blocking} - {"missing-notebook"}
     if not case.zero or set(case.full) == set(hostile.ALL_TESTS):
@@ -210,6 +224,11 @@ def test_preflight_quarantines_what_must_not_run_and_remembers_why(preflight_cou
     assert (q / "h24_invalid_json" / "ppo_objective" / hostile.NB_FILE).exists()
     assert (q / "h23_other_assignment" / "ppo_objective" / hostile.NB_FILE).exists()
     assert (q / "h28_shadow_module" / "ppo_objective" / "numpy.py").exists()
+    assert (q / "h69_symlinks" / "ppo_objective" / "source").is_symlink()
+    assert sorted(p.name for p in (root / "submitted" / "h69_symlinks" / "ppo_objective").iterdir()) == \
+        [hostile.NB_FILE]
+    # a notebook nbgrader would refuse (duplicated locked cell) is repaired in place, the original kept
+    assert (q / "h62_duplicated_locked_cell" / "ppo_objective" / (hostile.NB_FILE + ".before-repair")).exists()
     assert not (root / "submitted" / "h28_shadow_module" / "ppo_objective" / "numpy.py").exists()
     assert (root / "submitted" / "h28_shadow_module" / "ppo_objective" / hostile.NB_FILE).exists()
     # a second pre-flight (the file is gone from submitted/) reports the same problem again
@@ -316,6 +335,7 @@ def hostile_run(tmp_path_factory):
         from rlhf_lab.instructor import parallel
 
         grader = parallel.dask_grader(workers=workers)
+    started = time.perf_counter()
     try:
         run = hostile.run_hostile_class(root, grader=grader, cases=CASES)
     finally:
@@ -324,6 +344,10 @@ def hostile_run(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    print(f"\n[hostile] {len(CASES)} cases graded in {time.perf_counter() - started:.0f} s "
+          f"({'sequential' if workers <= 1 else f'{workers} Dask workers'}; stages: "
+          + ", ".join(f"{k} {v:.0f} s" for k, v in run.seconds.items() if isinstance(v, (int, float))) + ")",
+          flush=True)
     return run
 
 
@@ -412,8 +436,9 @@ def test_feedback_names_the_failed_checks_without_the_hidden_tests(hostile_run):
     words = " ".join(feedback_filter.html_text(fb / "h04_patch_np_testing" / "ppo_objective" / f"{hostile.NB}.html").split())
     assert "GradingError: ppo_surrogate: Clipped the ratio but dropped the signed min" in words
     # a blocking pre-flight finding reaches the student as the withheld cell's comment, in words
-    words = " ".join(feedback_filter.html_text(fb / "h28_shadow_module" / "ppo_objective" / f"{hostile.NB}.html").split())
-    assert f"{integrity.COMMENT_TAG} Points withheld for instructor review" in words and "numpy.py" in words
+    words = " ".join(feedback_filter.html_text(fb / "h02_test_cell_deleted" / "ppo_objective" / f"{hostile.NB}.html").split())
+    assert f"{integrity.COMMENT_TAG} Points withheld for instructor review" in words
+    assert "'test_ppo_surrogate' was deleted" in words
     n = len(list(fb.rglob("*.html")))
     assert n >= len([c for c in CASES if not c.ungraded])
 
@@ -541,10 +566,10 @@ def test_backup_command_is_one_documented_command():
 DRIVER = textwrap.dedent("""
     import sys
     from rlhf_lab.instructor import pipeline
-    root, force, names = sys.argv[1], sys.argv[2] == "force", sys.argv[3].split(",")
+    root, force, names, subs = sys.argv[1], sys.argv[2] == "force", sys.argv[3].split(","), sys.argv[4]
     def progress(run):
         print("DONE", run.student, run.assignment, run.ok, flush=True)
-    pipeline.run_class(root + "/examples/submissions", root=root, names=names, fresh=False, regenerate=False,
+    pipeline.run_class(subs, root=root, names=names, fresh=False, regenerate=False,
                        force=force, progress=progress)
     print("FINISHED", flush=True)
 """)
@@ -554,6 +579,9 @@ DRIVER = textwrap.dedent("""
 #: on a 2-core machine.
 REGRADE = (["ppo_objective", "ppo_rlhf"] if os.environ.get("RLHF_TRUST_FULL_CLASS") == "1"
            else ["ppo_objective"])
+#: How many students (sorted by id, of those who submitted REGRADE[0]) the second run regrades:
+#: enough that the kill after two leaves work to resume, few enough to keep the test near 100 s.
+REGRADE_STUDENTS = int(os.environ.get("RLHF_TRUST_REGRADE_STUDENTS", "4"))
 
 
 def _cell_scores(root: Path, db_url: str) -> dict:
@@ -567,16 +595,23 @@ def test_class_graded_again_killed_partway_and_resumed_gives_identical_grades(bu
     """The bundled class graded a second time from scratch: the run is killed (every process of it)
     after two students, nothing written is lost, a re-run grades only what is missing, and the
     final grades equal the first run's cell by cell."""
+    every = sorted({c.student for c in bundled_class_run.grades.cells if c.assignment == REGRADE[0]})
+    subset = every[:REGRADE_STUDENTS]  # the kill after two students still leaves some to resume
+    assert len(subset) == REGRADE_STUDENTS, every
     first = {(c.student, c.assignment, c.notebook, c.grade_id): c.score
-             for c in bundled_class_run.grades.cells if c.assignment in REGRADE}
+             for c in bundled_class_run.grades.cells if c.assignment in REGRADE and c.student in subset}
     pairs = sorted({(k[0], k[1]) for k in first})
-    assert len(pairs) >= 6
+    assert len(pairs) >= REGRADE_STUDENTS
     root = fresh_course(tmp_path / "second_run", session_base(tmp_path_factory))  # empty gradebook
+    subs = tmp_path / "subset_submissions"
+    for student, assignment in pairs:
+        shutil.copytree(root / "examples" / "submissions" / student / assignment, subs / student / assignment)
     db_url = "sqlite:///" + str(root / "gradebook.db")
     env = pipeline.nbgrader_env(root, db_url)
+    started = time.perf_counter()
     log = open(tmp_path / "killed_run.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(root), "resume", ",".join(REGRADE)], cwd=root,
-                            env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(root), "resume", ",".join(REGRADE), str(subs)],
+                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     done = []
     try:
         deadline = time.monotonic() + 3600
@@ -605,8 +640,8 @@ def test_class_graded_again_killed_partway_and_resumed_gives_identical_grades(bu
         if (key[0], key[1]) in finished:
             assert at_kill.get(key) == score, (key, score, at_kill.get(key))
 
-    resumed = subprocess.run([sys.executable, "-c", DRIVER, str(root), "resume", ",".join(REGRADE)], cwd=root,
-                             env=env, capture_output=True, text=True, timeout=7200)
+    resumed = subprocess.run([sys.executable, "-c", DRIVER, str(root), "resume", ",".join(REGRADE), str(subs)],
+                             cwd=root, env=env, capture_output=True, text=True, timeout=7200)
     assert "FINISHED" in resumed.stdout, resumed.stderr[-3000:]
     regraded = {tuple(line.split()[1:3]) for line in resumed.stdout.splitlines() if line.startswith("DONE")}
     assert not (regraded & finished), "the re-run must not grade again what was finished"
@@ -623,3 +658,55 @@ def test_class_graded_again_killed_partway_and_resumed_gives_identical_grades(bu
         waiting = sorted(nb + ".ipynb" for nb in held[assignment].get(student, []))
         assert not set(html) & set(waiting), (student, assignment, html, waiting)  # held means no page
         assert sorted(html + waiting) == submitted, (student, assignment, html, waiting)
+    print(f"[resume] {len(pairs)} student(s) of {', '.join(REGRADE)}: killed after {len(done)}, resumed "
+          f"{len(regraded)}, {time.perf_counter() - started:.0f} s")
+
+
+def test_csv_export_is_one_row_per_student_whatever_the_folder_name(tmp_path):
+    """nbgrader_config.py's exporter writes grades.csv with a real CSV writer: commas, quotes and
+    newlines in a student id do not add columns or rows."""
+    from nbgrader.api import Gradebook
+
+    from rlhf_lab.instructor import csv_export
+
+    cfg = (REPO / "nbgrader_config.py").read_text(encoding="utf-8")
+    assert "c.ExportApp.plugin_class" in cfg and "csv_export.py" in cfg
+    names = ["doe, jane", "o'neil \"jr\"", "new\nline", "zoë ångström", "plain"]
+    url = f"sqlite:///{tmp_path / 'gb.db'}"
+    with Gradebook(url) as gb:
+        gb.add_assignment("a1")
+        for n in names:
+            gb.add_student(n)
+        plugin = csv_export.CsvExport(to=str(tmp_path / "grades.csv"))
+        plugin.export(gb)
+    with open(tmp_path / "grades.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted(r["student_id"] for r in rows) == sorted(names)
+    assert all(len(r) == len(csv_export.COLUMNS) and None not in r for r in rows)
+    assert {r["raw_score"] for r in rows} == {"0.0"}
+
+
+def test_unaddressable_folder_names_are_rejected_alone_and_the_class_goes_on(tmp_path):
+    """A folder name with a newline, or one that is not valid UTF-8, is collected and rejected by the
+    pre-flight with a readable name; the other students are checked as usual; the report is written."""
+    root = pipeline.copy_course(tmp_path / "course", REPO)
+    subs = tmp_path / "subs"
+    nb = HOSTILE / "h00_control_correct" / "ppo_objective" / hostile.NB_FILE
+    names = ["ok_student", "new\nline", os.fsdecode(b"bad \xff byte"), "doe, jane"]
+    for n in names:
+        (subs / n / "ppo_objective").mkdir(parents=True)
+        shutil.copyfile(nb, subs / n / "ppo_objective" / hostile.NB_FILE)
+    os.mkfifo(subs / "ok_student" / "ppo_objective" / "pipe")
+    got = pipeline.collect(subs, root, ["ppo_objective"])
+    assert sorted(s for s, _ in got.collected) == sorted(names)
+    report = integrity.preflight("ppo_objective", root)
+    assert sorted(report.ungradable()) == sorted(["new\nline", os.fsdecode(b"bad \xff byte")])
+    for f in report.findings:
+        if f.code == "student-id-unusable":
+            assert "\n" not in f.message and ("\\xff" in f.message or "\\n" in f.message), f.message
+    for ok in ("ok_student", "doe, jane"):  # only the notebook they did not submit is blocked
+        assert {f.code for f in report.blocking(ok)} == {"missing-notebook"}
+    assert "special-file" in {f.code for f in report.for_student("ok_student")}
+    saved = json.loads((root / integrity.REPORT_TEMPLATE.format(assignment="ppo_objective")).read_text(
+        encoding="utf-8"))
+    assert sorted(saved["students"]) == sorted(names)

@@ -1,70 +1,78 @@
-"""Pre-flight integrity checks of submitted notebooks, run BEFORE ``nbgrader autograde``.
+"""Pre-flight integrity checks of submitted files, run BEFORE ``nbgrader autograde``.
 
-nbgrader restores locked cells from their checksums and re-reads points and kernels from the
-gradebook, but it grades whatever runs: it does not notice a notebook that is not JSON (the whole
-student fails), a notebook renamed or taken from the other assignment, a test cell deleted or
-moved above the locked ``grading.start()`` cell, an extra ``numpy.py`` beside the notebook that
-shadows the real module, or a student cell that rebinds ``np.testing.assert_allclose``. This module
-checks every ``submitted/<student>/<assignment>/`` folder against ``release/<assignment>/`` and
-statically scans every cell a student can edit, and reports each problem as a :class:`Finding`
-(student, notebook, cell, line, a plain message).
+Hidden tests are decided outside the student's kernel by the judge (:mod:`rlhf_lab.instructor.judge`,
+checks in :mod:`rlhf_lab.judging`) from the values the student's functions return on inputs the
+kernel cannot predict, and every kernel runs under bubblewrap with only the student's folder and a
+library build without the functions the notebook asks for (:mod:`rlhf_lab.instructor.sandbox`,
+:mod:`rlhf_lab.instructor.library_build`). Nothing a student cell does inside its kernel can change
+a grade, so this module does not read what the code does. It checks the submitted *files*: every
+``submitted/<student>/<assignment>/`` folder against ``release/<assignment>/``. nbgrader restores
+locked cells from their checksums and re-reads points and kernels from the gradebook, but it
+refuses or misgrades some files: a notebook that is not JSON, renamed or taken from the other
+assignment, a duplicated locked cell or a locked cell whose metadata was edited (nbgrader drops the
+whole notebook), a symbolic link or a FIFO (copied as its target, or a hang). Each problem is a
+:class:`Finding` (student, notebook, cell, line, a plain message); what nbgrader would choke on is
+repaired or moved aside so the student's other work is graded.
 
-Policy: what blocks grading and what only warns
------------------------------------------------
+Policy: a finding withholds points only where the files make the grade meaningless
+----------------------------------------------------------------------------------
 ``block`` findings withhold points, for instructor review, from exactly the autograded cells the
-problem can have influenced; ``warn`` findings are reported and change nothing.
+problem concerns; ``warn`` findings are reported and change nothing.
 
 =========================================  =====  =============================================
 finding                                    level  effect
 =========================================  =====  =============================================
-notebook is not valid JSON / nbformat      block  file moved to quarantine (so nbgrader can
-                                                  grade the student's other notebooks); all its
-                                                  autograded cells score 0
-notebook missing                           block  nbgrader scores it 0 (nothing to run)
-notebook renamed (cells match a missing    block  the expected notebook scores 0; the message
-expected notebook)                                names both files so the instructor can rename
+notebook is not valid JSON / nbformat      block  moved to quarantine (so nbgrader can grade
+(``invalid-notebook``)                            the student's other notebooks); its autograded
+                                                  cells score 0 (there is nothing to run)
+notebook missing (``missing-notebook``)    block  scores 0 (nothing was submitted)
+notebook renamed: its cells match a        block  the expected notebook scores 0; the message
+missing expected one (``renamed-notebook``)       names both files so the instructor can rename
 notebook of the other assignment under an  block  quarantined (never executed); scores 0
-expected name
-unknown extra notebook / extra file        warn   nbgrader ignores unknown notebooks; extra
-                                                  files are copied beside the notebook
-nbgrader's own ``timestamp.txt`` and       none   written by ``nbgrader submit`` into every
-``submission_secret.txt`` (exchange)              submission; not reported
-extra file or folder that shadows an       block  quarantined (never importable); every
-importable module (``numpy.py``, ...)             autograded cell of the assignment withheld
-symbolic link                              block  quarantined; assignment withheld
-wrong kernel name / language               warn   nbgrader runs the release's kernel anyway
-locked test cell edited                    block  that test withheld (nbgrader restores the
-                                                  original and its auto score is kept visible)
-locked given cell edited                   warn   nbgrader restores it
-locked ``grading.start()`` cell edited     block  whole notebook withheld
-test / given cell deleted                  block  that test (or, for a given cell, the tests
-                                                  after it) withheld
-locked cell duplicated                     block  tests from the first duplicate on withheld
-answer cell duplicated (copy and paste)    warn   nbgrader grades the last copy
-nbgrader cells reordered, or code before   block  whole notebook withheld (code running before
-the locked first cell                             the snapshot can subvert every test)
-student cell rebinding np/jnp/jax/         block  every autograded cell after that cell in the
-builtins/unittest/grading/rlhf_lab attrs,         notebook withheld (they ran in a kernel the
-``sys.modules``/``setprofile``/``settrace``,      student had altered)
-``os._exit``/``sys.exit``/signals/
-subprocesses, ``NBGRADER_EXECUTION`` or any
-other grading detection, ``__eq__``/
-``__bool__`` returning a constant, ctypes/
-gc/frame introspection, exec of
-non-literal code, gradebook access
-uses of the course library in an answer    warn   the hidden tests themselves refuse delegated
-cell, environment reads, file writes,             tasks (:func:`rlhf_lab.grading.call`)
-threads
-student folder with spaces/non-ASCII       warn   graded normally; listed for roster matching
-student folder nbgrader cannot address     block  not graded (nbgrader globs the name)
-(``*?[]``, leading dot)
+expected name (``other-assignment``)
+test cell deleted (``deleted-test``)       block  that test scores 0 (nbgrader does not run it)
+read-only given cell deleted               block  the tests after it withheld: nbgrader does not
+(``deleted-given``)                               restore it, so they ran without the code and
+                                                  data the release gives them
+student folder nbgrader cannot address:    block  that student is not graded, named readably
+not UTF-8, a newline or control character,        (``ascii()``); the rest of the class is
+``* ? [ ]``, a leading dot                        (``student-id-unusable``)
+student folder with spaces, commas,        warn   graded normally; listed for roster matching
+quotes or non-ASCII (``student-id-characters``)   (the CSV export quotes the field)
+symbolic link / FIFO / device / socket     warn   moved out of the submission as it is (the
+(``symlink``, ``special-file``)                   link, never its target); nothing follows it
+file name not UTF-8 or with a control      warn   moved out of the submission
+character (``file-name``)
+extra file, or one that shadows an         warn   nbgrader copies extra files beside the
+importable module (``extra-file``,                notebook; a shadowing one (``numpy.py``) is
+``shadow-module``)                                moved out first
+unknown extra notebook                     warn   nbgrader ignores it
+nbgrader's ``timestamp.txt`` /             none   written by ``nbgrader submit``; not reported
+``submission_secret.txt``
+locked cell duplicated                     warn   repaired: the first copy kept, the others
+(``duplicate-cell``)                              dropped (nbgrader would refuse the notebook)
+answer cell duplicated                     warn   repaired: the last copy graded, the earlier
+(``duplicate-answer``)                            ones kept as plain code cells
+cell saved as another type (``cell-type``) warn   repaired: the release's type restored
+locked cell metadata edited                warn   repaired: the release's metadata restored
+(``edited-metadata``)                             (nbgrader would refuse the checksum)
+locked test / given / first cell edited    warn   nbgrader restores the original text
+cells reordered (``reordered``)            warn   graded in the submitted order
+code before the locked first cell          warn   it runs in the student's sandboxed kernel
+(``code-before-start``; a display magic           like any other cell; ``%matplotlib widget``
+only: ``magic-before-start``)                     above it is harmless
+wrong kernel name / language, points or    warn   nbgrader uses the release's values
+locks changed
+answer function equal to a library         warn   reported for review; the answer is judged on
+function up to names (``library-copy``)           its outputs like any other
 =========================================  =====  =============================================
 
-Since hidden tests are decided outside the kernel by the judge and kernels run in a sandbox, the
-rows about what code does inside the kernel or about cells nbgrader restores (rebinding names,
-grading detection, blocked calls and imports, shell magics, code before the first cell, an edited
-locked test or first cell, reordered cells: :data:`KERNEL_ONLY`) are *warnings* that withhold
-nothing: they can no longer change a grade. Grading with ``RLHF_NO_SANDBOX=1`` keeps them blocking.
+Repairs and moves happen only when ``quarantine`` is true (the default; ``--no-quarantine`` only
+reports). A repaired notebook is rewritten in place and its original kept as
+``integrity/quarantine/<student>/<assignment>/<notebook>.before-repair``.
+
+Grading without the sandbox (``RLHF_NO_SANDBOX=1`` / ``--no-sandbox``) prints that grades are not
+protected (:mod:`rlhf_lab.instructor.sandbox`); this pre-flight does not pretend to make up for it.
 
 A withheld cell gets ``manual_score = 0`` in the gradebook (nbgrader's own override; the
 autograder's ``auto_score`` is kept, so an instructor who clears the override in formgrader
@@ -79,11 +87,10 @@ Command line::
 """
 from __future__ import annotations
 
-import ast
+import copy
 import dataclasses
 import json
 import os
-import re
 import shutil
 import sys
 import unicodedata
@@ -103,34 +110,6 @@ OUTPUT_DIR = "integrity"
 #: nbgrader's, not extra files of the student (small text files only; anything larger is an extra).
 NBGRADER_EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
 QUARANTINE = "integrity/quarantine"
-#: Findings about what a student's code would do inside its kernel, or about cells nbgrader restores.
-#: Hidden tests are decided by the judge outside the kernel (rlhf_lab.instructor.judge) from the
-#: outputs of the student's functions, and kernels run in a sandbox without the gradebook, the course
-#: files or the network (rlhf_lab.instructor.sandbox), so none of these can change a grade: they are
-#: reported for review and withhold nothing. Grading without the sandbox (RLHF_NO_SANDBOX=1) keeps
-#: them blocking, because there the kernel can reach the course's files.
-KERNEL_ONLY = frozenset({
-    "tamper-attribute", "rebind-builtin", "fake-dunder", "grading-detection", "blocked-call", "blocked-import",
-    "grader-access", "shell", "magic", "magic-cell", "code-before-start", "edited-start", "edited-test",
-    "reordered",
-})
-KERNEL_ONLY_NOTE = "(changes no grade: the judge decides outside the kernel; listed for review)"
-
-
-def judged_policy(findings: list, sandboxed: bool | None = None) -> list:
-    """``findings`` with every :data:`KERNEL_ONLY` finding turned into a warning that withholds nothing."""
-    if sandboxed is None:
-        sandboxed = os.environ.get("RLHF_NO_SANDBOX", "") in ("", "0")
-    if not sandboxed:
-        return findings
-    out = []
-    for f in findings:
-        if f.code in KERNEL_ONLY and f.severity == BLOCK:
-            message = f.message.replace(", so the notebook is withheld for review", "").replace(
-                " and are withheld for review", "").replace("; points withheld for review", "")
-            f = dataclasses.replace(f, severity=WARN, withhold=(), message=f"{message} {KERNEL_ONLY_NOTE}")
-        out.append(f)
-    return out
 REPORT_TEMPLATE = "integrity/{assignment}.json"
 COMMENT_TAG = "[integrity]"
 
@@ -229,6 +208,7 @@ class CellSpec:
     kind: str  # "given" (locked, no points), "test", "answer", "autoanswer", "manual", "task"
     points: float
     source: str
+    nbgrader: dict = dataclasses.field(default_factory=dict, compare=False)  # the release's metadata
 
     @property
     def autograded(self) -> bool:
@@ -288,7 +268,8 @@ def notebook_spec(path: Path) -> NotebookSpec:
         md = _nbg(cell)
         if md.get("grade_id"):
             cells.append(CellSpec(md["grade_id"], i, cell.cell_type, _kind(md, cell.cell_type),
-                                  float(md.get("points", 0) or 0), _source(cell)))
+                                  float(md.get("points", 0) or 0), _source(cell),
+                                  dict(md)))
     ks = nb.metadata.get("kernelspec", {}) or {}
     return NotebookSpec(path.name, cells, ks.get("name", ""), ks.get("language", "python"), first_code)
 
@@ -317,573 +298,6 @@ def _other_assignments(root: Path, assignment: str) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------ static scan
-#: Names of modules whose attributes the tests rely on (by canonical module name prefix).
-WATCHED_MODULES = ("numpy", "jax", "builtins", "unittest", "rlhf_lab", "math", "operator", "IPython",
-                   "nbgrader", "pytest", "scipy", "sys", "os", "importlib", "types", "inspect", "gc",
-                   "functools")
-#: Default bindings of a notebook's namespace (before any import is seen).
-DEFAULT_ALIASES = {"np": "numpy", "numpy": "numpy", "jnp": "jax.numpy", "jax": "jax", "builtins": "builtins",
-                   "unittest": "unittest", "grading": "rlhf_lab.grading", "rlhf_lab": "rlhf_lab", "sys": "sys",
-                   "os": "os", "math": "math", "operator": "operator", "__builtins__": "builtins"}
-#: Names whose rebinding (other than by importing the expected module) subverts the tests.
-PROTECTED_NAMES = {
-    "np": "numpy", "numpy": "numpy", "jnp": "jax.numpy", "jax": "jax", "grading": "rlhf_lab.grading",
-    "rlhf_lab": "rlhf_lab", "unittest": "unittest",
-}
-#: Built-ins nobody rebinds by accident and tests rely on: rebinding them blocks.
-PROTECTED_BUILTINS = {
-    "float", "int", "bool", "abs", "isinstance", "issubclass", "print", "type", "repr", "getattr", "setattr",
-    "hasattr", "callable", "object", "super", "exec", "eval", "compile", "__import__", "AssertionError",
-    "Exception", "BaseException", "ValueError", "TypeError", "KeyError", "RuntimeError", "NotImplementedError",
-    "StopIteration", "SystemExit", "KeyboardInterrupt",
-}
-#: Built-ins students often shadow innocently (``sum = 0``): a warning only. If a test uses one, the
-#: grader's runtime check (:func:`rlhf_lab.grading.tampering_report`) fails that test with a message.
-SHADOWABLE_BUILTINS = {
-    "len", "range", "sum", "min", "max", "round", "str", "all", "any", "list", "tuple", "dict", "set", "id",
-    "hash", "iter", "next", "map", "zip", "sorted", "open", "input", "filter", "format", "vars", "dir",
-}
-FAKE_DUNDERS = {"__eq__", "__ne__", "__bool__", "__lt__", "__le__", "__gt__", "__ge__", "__len__",
-                "__array__", "__array_ufunc__", "__array_function__", "__array_priority__", "__float__",
-                "__int__", "__index__", "__abs__", "__sub__", "__rsub__", "__instancecheck__",
-                "__subclasscheck__", "__hash__", "__getattr__", "__getattribute__", "__jax_array__"}
-#: Calls (by canonical dotted name) that block, with the reason.
-BLOCKED_CALLS = {
-    "os._exit": "terminates the kernel (os._exit)",
-    "os.abort": "terminates the kernel (os.abort)",
-    "os.kill": "sends signals to processes (os.kill)",
-    "os.killpg": "sends signals to processes (os.killpg)",
-    "os.fork": "forks the kernel (os.fork)",
-    "os.forkpty": "forks the kernel",
-    "os.system": "runs shell commands (os.system)",
-    "os.popen": "runs shell commands (os.popen)",
-    "sys.exit": "exits the kernel (sys.exit)",
-    "builtins.exit": "exits the kernel (exit())",
-    "builtins.quit": "exits the kernel (quit())",
-    "sys.setprofile": "replaces the profiler the grader uses to detect delegation (sys.setprofile)",
-    "sys.settrace": "installs a trace function (sys.settrace)",
-    "sys.getprofile": "reads the grader's profiler (sys.getprofile)",
-    "sys.gettrace": "reads the trace function (sys.gettrace)",
-    "threading.setprofile": "installs a profiler in threads (threading.setprofile)",
-    "threading.settrace": "installs a trace function in threads (threading.settrace)",
-    "sys._getframe": "inspects the grader's stack frames (sys._getframe)",
-    "inspect.currentframe": "inspects the grader's stack frames (inspect.currentframe)",
-    "inspect.stack": "inspects the grader's stack frames (inspect.stack)",
-    "inspect.getouterframes": "inspects the grader's stack frames",
-    "inspect.getsource": "copies source code of other modules (inspect.getsource)",
-    "inspect.getsourcelines": "copies source code of other modules",
-    "gc.get_referrers": "reaches objects through the garbage collector (gc.get_referrers)",
-    "gc.get_referents": "reaches objects through the garbage collector (gc.get_referents)",
-    "gc.get_objects": "reaches objects through the garbage collector (gc.get_objects)",
-    "importlib.reload": "reloads a module (importlib.reload)",
-    "builtins.setattr": None,  # decided by its target (see _check_call)
-    "builtins.delattr": None,
-    "builtins.globals": None,
-    "builtins.vars": None,
-    "signal.signal": "changes signal handling, which can defeat the per-cell timeout (signal.signal)",
-    "signal.alarm": "schedules signals (signal.alarm)",
-    "signal.setitimer": "schedules signals (signal.setitimer)",
-    "signal.pthread_kill": "sends signals (signal.pthread_kill)",
-    "types.FunctionType": "builds functions from raw code objects (types.FunctionType)",
-    "types.CodeType": "builds raw code objects (types.CodeType)",
-    "builtins.type": None,  # three-argument type() with fake dunders, see _check_call
-}
-BLOCKED_IMPORTS = {
-    "ctypes": "loads ctypes (raw memory access can rewrite any object the tests use)",
-    "_ctypes": "loads ctypes (raw memory access)",
-    "cffi": "loads cffi (raw memory access)",
-    "subprocess": "runs other programs (subprocess)",
-    "multiprocessing": "starts other processes (multiprocessing)",
-    "pty": "starts other processes (pty)",
-    "signal": "changes signal handling (signal)",
-    "nbgrader": "imports nbgrader (grading detection or gradebook access)",
-    "sqlite3": "opens databases (the gradebook is an SQLite file)",
-    "sqlalchemy": "opens databases (gradebook access)",
-    "psycopg2": "opens databases (gradebook access)",
-    "marshal": "loads raw code objects (marshal)",
-    "gc": None,  # fine unless one of the gc calls above is used
-}
-WARN_IMPORTS = {
-    "threading": "starts threads (a thread can change state while tests run)",
-    "_thread": "starts threads",
-    "psutil": "inspects processes (possible grading detection)",
-    "shutil": "copies/removes files",
-    "socket": "opens network connections",
-    "requests": "opens network connections",
-    "urllib": "opens network connections",
-}
-WARN_CALLS = {
-    "os.getenv": "reads environment variables",
-    "os.getcwd": "inspects the working directory (possible grading detection)",
-    "os.getppid": "inspects the parent process (possible grading detection)",
-    "pathlib.Path.cwd": "inspects the working directory (possible grading detection)",
-    "os.remove": "removes files", "os.unlink": "removes files", "os.rename": "renames files",
-    "os.replace": "replaces files", "os.chmod": "changes file permissions", "os.rmdir": "removes folders",
-}
-BLOCKED_ATTRS = {
-    "f_back": "walks up the grader's stack frames", "f_locals": "reads the grader's local variables",
-    "f_globals": "reads the grader's globals", "tb_frame": "inspects stack frames", "gi_frame": "inspects frames",
-    "__code__": "touches raw code objects (__code__)", "__globals__": "reads another function's globals",
-    "__closure__": "reads another function's closure", "co_code": "touches raw byte code",
-    "__subclasses__": "walks the class hierarchy (sandbox escape)", "__builtins__": "reaches the builtins module",
-    "__dict__": None,  # decided by the object it is taken from
-}
-DETECTION_WORDS = re.compile(r"nbgrader|autograd(e|ed|er|ing)|_rlhf_trusted", re.IGNORECASE)
-SENSITIVE_PATH_WORDS = re.compile(r"gradebook|\.db\b|rlhf_lab|helpers/|nbgrader|release/|source/|site-packages|\.\./",
-                                  re.IGNORECASE)
-SHELL_MAGICS = {"system", "sx", "bash", "sh", "script", "writefile", "run", "load", "load_ext", "env", "set_env",
-                "capture", "pip", "conda", "cd", "macro", "store"}
-SAFE_MAGICS = {"matplotlib", "time", "timeit", "config", "precision", "who", "whos", "pinfo", "prun", "debug",
-               "load_ext autoreload", "autoreload", "xmode", "pdb", "html", "latex", "markdown", "javascript"}
-
-
-@dataclasses.dataclass(frozen=True)
-class ScanHit:
-    line: int
-    code: str
-    severity: str
-    message: str
-
-
-def _strip_magics(source: str) -> tuple[str, list[ScanHit]]:
-    """Replace IPython magic and shell lines by ``pass`` (keeping line numbers); judge them on the way."""
-    hits: list[ScanHit] = []
-    out = []
-    lines = source.splitlines()
-    cell_magic = None
-    for n, line in enumerate(lines, start=1):
-        stripped = line.strip()
-        indent = line[: len(line) - len(line.lstrip())]
-        if n == 1 and stripped.startswith("%%"):
-            cell_magic = stripped[2:].split()[0] if len(stripped) > 2 else ""
-            if cell_magic not in ("time", "timeit", "capture", "html", "markdown", "latex", "javascript"):
-                hits.append(ScanHit(n, "magic-cell", BLOCK,
-                                    f"runs the cell as '%%{cell_magic}' (shell or other code the scan cannot check)"))
-            out.append("pass")
-            continue
-        if stripped.startswith(("!", "%")) or re.match(r"^[\w.]+\s*=\s*[!%]", stripped):
-            body = stripped.split("=", 1)[1].strip() if not stripped.startswith(("!", "%")) else stripped
-            if body.startswith("!"):
-                hits.append(ScanHit(n, "shell", BLOCK, "runs a shell command (!...)"))
-            else:
-                name = body.lstrip("%").split()[0] if body.lstrip("%") else ""
-                if name in SHELL_MAGICS:
-                    sev = BLOCK if name in ("system", "sx", "bash", "sh", "script", "writefile", "run", "load",
-                                            "load_ext", "env", "set_env") else WARN
-                    hits.append(ScanHit(n, "magic", sev, f"uses the %{name} magic"))
-                if DETECTION_WORDS.search(body):
-                    hits.append(ScanHit(n, "grading-detection", BLOCK,
-                                        "mentions the grader (nbgrader/autograde) in a magic"))
-            out.append(indent + "pass")
-            continue
-        if stripped.endswith("?") and not stripped.startswith("#") and re.match(r"^[\w.]+\?{1,2}$", stripped):
-            out.append(indent + "pass")
-            continue
-        out.append(line)
-    return "\n".join(out), hits
-
-
-def _dotted(node) -> list[str] | None:
-    """``a.b.c`` -> ["a", "b", "c"]; calls like ``get_ipython().x`` -> ["get_ipython()", "x"]."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        parts.append(node.func.id + "()")
-    else:
-        return None
-    return parts[::-1]
-
-
-def _const_return(fn) -> object:
-    """The constant a function always returns, or a sentinel if it does not obviously do so."""
-    body = fn.body if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
-    if isinstance(fn, ast.Lambda):
-        return fn.body.value if isinstance(fn.body, ast.Constant) else _NOT_CONST
-    if body is None:
-        return _NOT_CONST
-    stmts = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    returns = [s for s in ast.walk(fn) if isinstance(s, ast.Return)]
-    if returns and all(isinstance(r.value, ast.Constant) for r in returns):
-        values = {repr(r.value.value) for r in returns}
-        if len(values) == 1:
-            return returns[0].value.value
-    if len(stmts) == 1 and isinstance(stmts[0], ast.Return) and isinstance(stmts[0].value, ast.Constant):
-        return stmts[0].value.value
-    return _NOT_CONST
-
-
-_NOT_CONST = object()
-_BUILTIN_NAMES = set(dir(__import__("builtins"))) | {"exit", "quit", "get_ipython", "display"}
-
-
-class _Scanner(ast.NodeVisitor):
-    """Walk one cell's AST and collect :class:`ScanHit` s (see the module docstring for the rules)."""
-
-    def __init__(self, aliases: dict, depth: int = 0):
-        self.aliases = aliases  # local name -> canonical dotted module/object name
-        self.hits: list[ScanHit] = []
-        self.depth = depth
-
-    # -- helpers ---------------------------------------------------------------------------
-    def hit(self, node, code: str, severity: str, message: str) -> None:
-        self.hits.append(ScanHit(getattr(node, "lineno", 1), code, severity, message))
-
-    def canonical(self, node) -> str | None:
-        parts = _dotted(node)
-        if not parts:
-            return None
-        head = parts[0]
-        if head in self.aliases:
-            return ".".join([self.aliases[head]] + parts[1:])
-        if head in ("get_ipython()", "get_ipython"):
-            return ".".join(["get_ipython()"] + parts[1:])
-        if head in _BUILTIN_NAMES:
-            return ".".join(["builtins." + head] + parts[1:])
-        return None
-
-    @staticmethod
-    def watched(name: str | None) -> bool:
-        return bool(name) and name.split(".")[0] in WATCHED_MODULES
-
-    # -- imports -------------------------------------------------------------------------------
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            top = alias.name.split(".")[0]
-            self._judge_import(node, alias.name)
-            bound = alias.asname or top
-            target = alias.name if alias.asname else top
-            self._bind_import(node, bound, target)
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        module = node.module or ""
-        judged = self._judge_import(node, module) if module != "rlhf_lab" else False
-        for alias in node.names:
-            full = f"{module}.{alias.name}" if module else alias.name
-            if not judged or full == "rlhf_lab.grading":
-                self._judge_import(node, full)
-            if alias.name == "*":
-                if module.split(".")[0] in ("numpy", "jax", "rlhf_lab", "builtins", "unittest"):
-                    self.hit(node, "star-import", WARN, f"'from {module} import *' may shadow names the tests use")
-                continue
-            self._bind_import(node, alias.asname or alias.name, full)
-
-    def _judge_import(self, node, name: str) -> bool:
-        """Record a hit if importing ``name`` is suspicious; True if something was recorded."""
-        top = name.split(".")[0]
-        for key, why in BLOCKED_IMPORTS.items():
-            if (name == key or name.startswith(key + ".") or top == key) and why:
-                self.hit(node, "blocked-import", BLOCK, why)
-                return True
-        for key, why in WARN_IMPORTS.items():
-            if name == key or top == key:
-                self.hit(node, "import-warning", WARN, why)
-                return True
-        if name == "rlhf_lab.grading" or name.startswith("rlhf_lab.grading."):
-            self.hit(node, "grader-access", BLOCK, "imports the grader (rlhf_lab.grading) in a student cell")
-            return True
-        if top == "rlhf_lab" and name != "rlhf_lab":
-            self.hit(node, "library-use", WARN,
-                     f"imports {name} from the course library in a student cell; hidden tests refuse tasks "
-                     "delegated to it")
-            return True
-        if name == "rlhf_lab":
-            self.hit(node, "library-use", WARN, "imports the course library in a student cell; hidden tests refuse "
-                                                "tasks delegated to it")
-            return False
-        return False
-
-    def _bind_import(self, node, bound: str, target: str) -> None:
-        expected = PROTECTED_NAMES.get(bound)
-        if expected is not None and target != expected and not (bound == "grading" and target == "rlhf_lab.grading"):
-            self.hit(node, "rebind-name", BLOCK, f"binds the name '{bound}' to {target} instead of {expected}")
-        if bound in PROTECTED_BUILTINS:
-            self.hit(node, "rebind-builtin", BLOCK, f"shadows the built-in '{bound}' with an import of {target}")
-        self.aliases[bound] = target
-
-    # -- bindings ----------------------------------------------------------------------------
-    def _target(self, target, node, verb: str) -> None:
-        if isinstance(target, (ast.Tuple, ast.List)):
-            for elt in target.elts:
-                self._target(elt, node, verb)
-            return
-        if isinstance(target, ast.Starred):
-            self._target(target.value, node, verb)
-            return
-        if isinstance(target, ast.Name):
-            name = target.id
-            if name in PROTECTED_NAMES:
-                self.hit(node, "rebind-name", BLOCK,
-                         f"{verb} the name '{name}' that the tests use for {PROTECTED_NAMES[name]}")
-            elif name in PROTECTED_BUILTINS:
-                self.hit(node, "rebind-builtin", BLOCK, f"{verb} the built-in '{name}'")
-            elif name in SHADOWABLE_BUILTINS:
-                self.hit(node, "shadow-builtin", WARN,
-                         f"{verb} the built-in '{name}' (a test that uses it fails with a tampering message)")
-            self.aliases.pop(name, None)
-            return
-        if isinstance(target, ast.Attribute):
-            owner = self.canonical(target.value)
-            if target.attr in FAKE_DUNDERS:
-                self.hit(node, "fake-dunder", BLOCK,
-                         f"{verb} the special method {target.attr} of an object (a fake comparison)")
-            elif owner and (self.watched(owner) or owner.startswith("get_ipython()")):
-                self.hit(node, "tamper-attribute", BLOCK,
-                         f"{verb} {owner}.{target.attr} (an attribute of a module the tests rely on)")
-            elif target.attr in BLOCKED_ATTRS and BLOCKED_ATTRS[target.attr]:
-                self.hit(node, "tamper-internals", BLOCK, f"{verb} {target.attr}: {BLOCKED_ATTRS[target.attr]}")
-            return
-        if isinstance(target, ast.Subscript):
-            owner = self.canonical(target.value)
-            base = target.value
-            if owner and (self.watched(owner) or owner.endswith("__dict__")):
-                self.hit(node, "tamper-attribute", BLOCK, f"{verb} an entry of {owner}")
-            elif isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id in ("globals", "vars", "locals"):
-                self.hit(node, "tamper-namespace", BLOCK, f"{verb} an entry of {base.func.id}() (rebinding names indirectly)")
-            elif isinstance(base, ast.Attribute) and base.attr == "__dict__":
-                self.hit(node, "tamper-namespace", BLOCK, f"{verb} an entry of an object's __dict__")
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        for t in node.targets:
-            self._target(t, node, "reassigns")
-        self.generic_visit(node)
-
-    def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        self._target(node.target, node, "modifies")
-        self.generic_visit(node)
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        if node.value is not None:
-            self._target(node.target, node, "reassigns")
-        self.generic_visit(node)
-
-    def visit_Delete(self, node: ast.Delete) -> None:
-        for t in node.targets:
-            self._target(t, node, "deletes")
-        self.generic_visit(node)
-
-    def visit_For(self, node: ast.For) -> None:
-        self._target(node.target, node, "rebinds (loop variable)")
-        self.generic_visit(node)
-
-    def visit_With(self, node: ast.With) -> None:
-        for item in node.items:
-            if item.optional_vars is not None:
-                self._target(item.optional_vars, node, "rebinds (with ... as)")
-        self.generic_visit(node)
-
-    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
-        self._target(node.target, node, "reassigns (:=)")
-        self.generic_visit(node)
-
-    def visit_FunctionDef(self, node) -> None:
-        if node.name in PROTECTED_NAMES or node.name in PROTECTED_BUILTINS:
-            self._target(ast.Name(id=node.name), node, "redefines")
-        for deco in node.decorator_list:
-            self.visit(deco)
-        self.generic_visit(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        if node.name in PROTECTED_NAMES or node.name in PROTECTED_BUILTINS:
-            self._target(ast.Name(id=node.name), node, "redefines")
-        for stmt in node.body:
-            name, fn = None, None
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                name, fn = stmt.name, stmt
-            elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-                name, fn = stmt.targets[0].id, stmt.value
-            if name in FAKE_DUNDERS:
-                value = _const_return(fn) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else _NOT_CONST
-                if value is not _NOT_CONST:
-                    self.hit(stmt, "fake-dunder", BLOCK,
-                             f"class {node.name} defines {name} that always returns {value!r} "
-                             "(an answer that compares equal to anything)")
-                else:
-                    self.hit(stmt, "custom-dunder", WARN, f"class {node.name} defines {name}")
-        self.generic_visit(node)
-
-    # -- uses ----------------------------------------------------------------------------------
-    def visit_Call(self, node: ast.Call) -> None:
-        name = self.canonical(node.func)
-        if name:
-            self._check_call(node, name)
-        elif isinstance(node.func, ast.Attribute) and node.func.attr in ("setprofile", "settrace", "_getframe"):
-            self.hit(node, "tamper-profiler", BLOCK, f"calls {node.func.attr} (profiler/trace/frame access)")
-        self.generic_visit(node)
-
-    def _check_call(self, node: ast.Call, name: str) -> None:
-        short = name
-        if short in BLOCKED_CALLS and BLOCKED_CALLS[short]:
-            self.hit(node, "blocked-call", BLOCK, BLOCKED_CALLS[short])
-            return
-        if short in ("builtins.setattr", "builtins.delattr") and node.args:
-            owner = self.canonical(node.args[0])
-            attr = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
-            if attr in FAKE_DUNDERS:
-                self.hit(node, "fake-dunder", BLOCK, f"sets the special method {attr} with {short.split('.')[1]}()")
-            elif owner and self.watched(owner):
-                self.hit(node, "tamper-attribute", BLOCK,
-                         f"changes {owner}{'.' + attr if attr else ''} with {short.split('.')[1]}()")
-            elif attr is None:
-                self.hit(node, "dynamic-setattr", WARN, f"{short.split('.')[1]}() with a computed attribute name")
-            return
-        if short in ("builtins.globals", "builtins.vars", "builtins.locals"):
-            if short == "builtins.vars" and node.args and self.watched(self.canonical(node.args[0])):
-                self.hit(node, "tamper-namespace", BLOCK, f"takes vars() of {self.canonical(node.args[0])}")
-            return
-        if short == "builtins.type" and len(node.args) == 3 and isinstance(node.args[2], ast.Dict):
-            keys = {k.value for k in node.args[2].keys if isinstance(k, ast.Constant)}
-            fake = sorted(keys & FAKE_DUNDERS)
-            if fake:
-                self.hit(node, "fake-dunder", BLOCK, f"builds a class with {', '.join(fake)} via type()")
-            return
-        if short in ("builtins.exec", "builtins.eval", "builtins.compile"):
-            arg = node.args[0] if node.args else None
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and self.depth < 3:
-                inner = scan_code(arg.value, dict(self.aliases), depth=self.depth + 1)
-                for h in inner:
-                    self.hits.append(ScanHit(node.lineno, h.code, h.severity, h.message + f" (inside {short[9:]}())"))
-            else:
-                self.hit(node, "dynamic-code", BLOCK,
-                         f"runs code built at run time with {short[9:]}(), which the integrity scan cannot check")
-            return
-        if short in ("builtins.__import__", "importlib.import_module"):
-            arg = node.args[0] if node.args else None
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                self._judge_import(node, arg.value)
-            else:
-                self.hit(node, "dynamic-import", BLOCK, "imports a module whose name is computed at run time")
-            return
-        if short == "builtins.open" or short.endswith((".write_text", ".write_bytes", ".unlink", ".rename",
-                                                         ".replace", ".rmdir", ".chmod", ".touch")):
-            self._check_file_call(node, short)
-            return
-        if short.startswith("get_ipython()") or short == "builtins.get_ipython":
-            self.hit(node, "ipython-internals", BLOCK,
-                     "uses get_ipython() (can hook into cell execution, change the namespace or run hidden code)")
-            return
-        if short.startswith(("subprocess.", "multiprocessing.", "pty.", "ctypes.", "os.exec", "os.spawn",
-                             "os.posix_spawn")):
-            self.hit(node, "blocked-call", BLOCK, f"calls {short} (other processes or raw memory)")
-            return
-        if short in WARN_CALLS:
-            self.hit(node, "call-warning", WARN, WARN_CALLS[short])
-            return
-        if short.startswith("shutil."):
-            self.hit(node, "file-write", WARN, f"calls {short} (copies/removes files)")
-
-    def _check_file_call(self, node: ast.Call, name: str) -> None:
-        mode = None
-        if name == "builtins.open":
-            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
-                mode = node.args[1].value
-            for kw in node.keywords:
-                if kw.arg == "mode" and isinstance(kw.value, ast.Constant):
-                    mode = kw.value.value
-            writes = mode is not None and any(ch in str(mode) for ch in "wax+")
-        else:
-            writes = True
-        texts = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-        sensitive = [t for t in texts if SENSITIVE_PATH_WORDS.search(t)]
-        if sensitive:
-            self.hit(node, "file-tamper", BLOCK if writes else WARN,
-                     f"{'writes' if writes else 'reads'} {sensitive[0]!r} (course, grader or gradebook files)")
-        elif writes:
-            self.hit(node, "file-write", WARN, "writes or changes files")
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        why = BLOCKED_ATTRS.get(node.attr)
-        if why:
-            self.hit(node, "tamper-internals", BLOCK, f"uses .{node.attr}: {why}")
-        elif node.attr == "__dict__":
-            owner = self.canonical(node.value)
-            if owner and self.watched(owner):
-                self.hit(node, "tamper-namespace", BLOCK, f"takes {owner}.__dict__")
-        name = self.canonical(node)
-        if name and name.startswith("rlhf_lab.grading.") and isinstance(node.ctx, ast.Load):
-            self.hit(node, "grader-access", BLOCK,
-                     f"uses the grader ({name.replace('rlhf_lab.', '')}) in a student cell")
-        elif name and name.startswith("sys.modules") and isinstance(node.ctx, ast.Load):
-            self.hit(node, "sys-modules", BLOCK, "touches sys.modules (can swap the modules the tests import)")
-        elif name and name.startswith(("sys.meta_path", "sys.path_hooks", "sys.path_importer_cache")):
-            self.hit(node, "import-hooks", BLOCK, f"touches {name} (import machinery)")
-        elif name in ("os.environ",):
-            self.hit(node, "env-read", WARN, "reads environment variables")
-        self.generic_visit(node)
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if node.id == "__builtins__":
-            self.hit(node, "tamper-internals", BLOCK, "uses __builtins__ directly")
-        elif node.id == "get_ipython" and isinstance(node.ctx, ast.Load):
-            self.hit(node, "ipython-internals", BLOCK,
-                     "uses get_ipython() (can hook into cell execution, change the namespace or run hidden code)")
-
-    def visit_Expr(self, node: ast.Expr) -> None:
-        if isinstance(node.value, ast.Constant):
-            return  # a docstring or bare string cannot change behaviour
-        self.generic_visit(node)
-
-    def visit_Constant(self, node: ast.Constant) -> None:
-        if isinstance(node.value, str) and DETECTION_WORDS.search(node.value):
-            self.hit(node, "grading-detection", BLOCK,
-                     f"mentions the grader ({DETECTION_WORDS.search(node.value).group(0)!r}): code that behaves "
-                     "differently when it is graded")
-
-    def visit_Raise(self, node: ast.Raise) -> None:
-        exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-        if isinstance(exc, ast.Name) and exc.id in ("SystemExit", "KeyboardInterrupt"):
-            self.hit(node, "blocked-call", BLOCK, f"raises {exc.id} (stops the kernel's execution)")
-        self.generic_visit(node)
-
-
-def scan_code(source: str, aliases: dict | None = None, depth: int = 0) -> list[ScanHit]:
-    """Statically scan one cell's source; ``aliases`` (name -> module) is updated with its imports."""
-    aliases = dict(DEFAULT_ALIASES) if aliases is None else aliases
-    code, hits = _strip_magics(source)
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as exc:
-        return hits + [ScanHit(exc.lineno or 1, "syntax-error", WARN,
-                               f"the cell has a syntax error ({exc.msg}); it will fail when run")]
-    scanner = _Scanner(aliases, depth)
-    scanner.visit(tree)
-    seen, out = set(), []
-    for h in sorted(hits + scanner.hits, key=lambda h: (h.line, h.severity != BLOCK)):
-        key = (h.line, h.code, h.message)
-        if key not in seen:
-            seen.add(key)
-            out.append(h)
-    return out
-
-
-def _given_aliases(cells) -> dict:
-    """Module aliases bound by the notebook's locked cells (they are restored, so they are trusted)."""
-    aliases = dict(DEFAULT_ALIASES)
-    for cell in cells:
-        if cell.get("cell_type") != "code":
-            continue
-        code, _ = _strip_magics(_source(cell))
-        try:
-            tree = ast.parse(code)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                for a in node.names:
-                    if a.name != "*":
-                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-    return aliases
-
-
 # ------------------------------------------------------------------------------ notebook checks
 def _shadowable_names() -> set:
     """Top-level module names an extra file beside the notebook could shadow."""
@@ -901,14 +315,14 @@ def _shadowable_names() -> set:
 
 
 class _Checker:
-    """Checks one student's assignment folder against the release."""
+    """Checks one student's assignment folder against the release (and repairs what nbgrader would choke on)."""
 
     def __init__(self, root: Path, assignment: str, specs: dict, others: dict, quarantine: bool):
         self.root = root
         self.assignment = assignment
         self.specs = specs
         self.others = others
-        self.quarantine = quarantine
+        self.quarantine = quarantine  # False: report only, change no file
         self.shadowable = _shadowable_names()
 
     def all_autograded(self) -> tuple:
@@ -918,41 +332,54 @@ class _Checker:
         out: list[Finding] = []
         F = lambda **kw: Finding(student=student, assignment=self.assignment, **kw)  # noqa: E731
         # -- the student's folder name
-        if any(ch in student for ch in "*?[]") or student.startswith(".") or "/" in student or "\\" in student:
+        shown = readable_name(student)
+        unusable = _unusable_name(student)
+        if unusable:
             out.append(F(notebook=None, cell=None, grade_id=None, line=None, code="student-id-unusable",
                          severity=BLOCK, withhold=self.all_autograded(),
-                         message=f"the folder name {student!r} contains characters nbgrader treats as a "
-                                 "pattern (* ? [ ]) or a path; rename the folder and grade again"))
+                         message=f"the folder name {shown} {unusable}; this student is not graded (the rest of "
+                                 "the class is): rename the folder and grade again"))
             return out
         if student != unicodedata.normalize("NFC", student):
             out.append(F(notebook=None, cell=None, grade_id=None, line=None, code="student-id-unicode",
                          severity=WARN, message="the folder name is not in Unicode NFC form (often a macOS zip); "
                                                 "the same student may appear twice in the gradebook"))
-        if not student.isascii() or any(ch.isspace() for ch in student):
+        if not student.isascii() or any(ch.isspace() or ch in ",;\"'" for ch in student):
             out.append(F(notebook=None, cell=None, grade_id=None, line=None, code="student-id-characters",
-                         severity=WARN, message="the folder name has spaces or non-ASCII characters; it is "
-                                                "graded normally, check that it matches the roster"))
+                         severity=WARN, message=f"the folder name {shown} has spaces, punctuation or non-ASCII "
+                                                "characters; it is graded normally, check that it matches the "
+                                                "roster"))
         present = {}
         extras = []
-        for path in sorted(folder.rglob("*")):
+        for path in sorted(_walk(folder)):
             rel = path.relative_to(folder)
             if any(part in (".ipynb_checkpoints", "__pycache__") for part in rel.parts):
                 continue
-            if path.is_symlink():
-                out.append(self._quarantine(F(notebook=str(rel), cell=None, grade_id=None, line=None,
-                                              code="symlink", severity=BLOCK, withhold=self.all_autograded(),
-                                              message=f"{rel} is a symbolic link (it could expose or overwrite "
-                                                      "files outside the submission); points withheld for review"),
-                                            student, path))
+            special = _special_kind(path)
+            if special:
+                out.append(self._quarantine(F(
+                    notebook=_readable_rel(rel), cell=None, grade_id=None, line=None,
+                    code="symlink" if special == "symbolic link" else "special-file", severity=WARN,
+                    message=f"{_readable_rel(rel)} is a {special}; it is never followed, read or copied as its "
+                            "target: it was moved out of the submission"
+                            + (" (a notebook that is only a link counts as not submitted)"
+                               if rel.suffix == ".ipynb" else "")), student, path))
+                continue
+            bad_name = _unusable_file_name(rel)
+            if bad_name:
+                out.append(self._quarantine(F(
+                    notebook=_readable_rel(rel), cell=None, grade_id=None, line=None, code="file-name",
+                    severity=WARN, message=f"the file name {_readable_rel(rel)} {bad_name}; the file was moved "
+                                           "out of the submission"), student, path))
                 continue
             if path.is_dir():
                 if len(rel.parts) == 1 and rel.name in self.shadowable and (path / "__init__.py").exists():
                     out.append(self._quarantine(F(
                         notebook=str(rel), cell=None, grade_id=None, line=None, code="shadow-module",
-                        severity=BLOCK, withhold=self.all_autograded(),
+                        severity=WARN,
                         message=f"the folder {rel}/ would be imported instead of the real '{rel.name}' module "
-                                "while grading; it was quarantined and all points withheld for review"),
-                        student, path))
+                                "in the student's kernel; it was moved out of the submission and the notebook "
+                                "graded without it"), student, path))
                 continue
             if len(rel.parts) == 1 and path.suffix == ".ipynb":
                 present[path.name] = path
@@ -962,19 +389,13 @@ class _Checker:
                 extras.append((rel, path))
         for rel, path in extras:
             if len(rel.parts) == 1 and path.suffix in (".py", ".pyc", ".so", ".pth") and \
-                    path.stem.split(".")[0] in self.shadowable | {"sitecustomize", "usercustomize"}:
+                    path.stem.split(".")[0] in self.shadowable | {"sitecustomize", "usercustomize"} or \
+                    path.suffix == ".pth" or len(rel.parts) > 1 and rel.parts[0] in self.shadowable:
                 out.append(self._quarantine(F(
-                    notebook=str(rel), cell=None, grade_id=None, line=None, code="shadow-module", severity=BLOCK,
-                    withhold=self.all_autograded(),
+                    notebook=str(rel), cell=None, grade_id=None, line=None, code="shadow-module", severity=WARN,
                     message=f"the extra file {rel} would be imported instead of the real "
-                            f"'{path.stem.split('.')[0]}' module while grading; it was quarantined and all points "
-                            "withheld for review"), student, path))
-            elif path.suffix == ".pth" or len(rel.parts) > 1 and rel.parts[0] in self.shadowable:
-                out.append(self._quarantine(F(
-                    notebook=str(rel), cell=None, grade_id=None, line=None, code="shadow-module", severity=BLOCK,
-                    withhold=self.all_autograded(),
-                    message=f"the extra file {rel} could change what the notebook imports; quarantined, points "
-                            "withheld for review"), student, path))
+                            f"'{rel.parts[0].split('.')[0]}' module in the student's kernel; it was moved out of "
+                            "the submission and the notebook graded without it"), student, path))
             else:
                 out.append(F(notebook=str(rel), cell=None, grade_id=None, line=None, code="extra-file",
                              severity=WARN, message=f"extra file {rel} ({path.stat().st_size} bytes) is not part "
@@ -1025,6 +446,10 @@ class _Checker:
             if any(f.code == "other-assignment" for f in nb_findings):
                 nb_findings = [self._quarantine(f, student, path) if f.code == "other-assignment" else f
                                for f in nb_findings]
+            else:
+                repaired, repairs = self.repair_notebook(student, name, parsed[name])
+                if repairs and self.quarantine:
+                    nb_findings = self._save_repair(student, path, repaired, nb_findings, repairs)
             out.extend(nb_findings)
         return out
 
@@ -1037,6 +462,7 @@ class _Checker:
         return best if score else None
 
     def _quarantine(self, finding: Finding, student: str, path: Path) -> Finding:
+        """Move ``path`` (the link itself, never its target) to the quarantine folder; record why."""
         if not self.quarantine:
             return finding
         dest_dir = self.root / QUARANTINE / student / self.assignment
@@ -1044,17 +470,88 @@ class _Checker:
         dest = dest_dir / path.name
         if dest.exists() or dest.is_symlink():
             shutil.rmtree(dest) if dest.is_dir() and not dest.is_symlink() else dest.unlink()
-        shutil.move(str(path), str(dest))
-        finding = dataclasses.replace(finding, action=f"moved to {dest.relative_to(self.root)}")
+        try:
+            os.rename(path, dest)  # same file system: moves links and FIFOs as they are
+        except OSError:
+            if path.is_symlink() or _special_kind(path):
+                path.unlink()  # never copy a link or a special file as its target
+                dest = None
+            else:
+                shutil.move(str(path), str(dest))
+        where = f"moved to {dest.relative_to(self.root)}" if dest is not None else "removed"
+        finding = dataclasses.replace(finding, action=where)
         (dest_dir / (path.name + ".finding.json")).write_text(json.dumps(finding.to_dict(), indent=1) + "\n")
         return finding
 
-    # -- one notebook -------------------------------------------------------------------------
-    def check_notebook(self, student: str, name: str, nb) -> list[Finding]:
-        """Every finding of one submitted notebook, under the judged policy (:func:`judged_policy`)."""
-        return judged_policy(self._check_notebook(student, name, nb))
+    def _save_repair(self, student: str, path: Path, repaired, findings: list, repairs: set) -> list:
+        """Write the repaired notebook in place (the original goes to quarantine); mark the findings."""
+        dest_dir = self.root / QUARANTINE / student / self.assignment
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        original = dest_dir / (path.name + ".before-repair")
+        shutil.copyfile(path, original)
+        nbformat.write(repaired, str(path))
+        out = []
+        k = 0
+        for f in findings:
+            if f.code in repairs:
+                f = dataclasses.replace(f, action=f"repaired in place (original kept as {original.relative_to(self.root)})")
+                (dest_dir / f"{path.name}.repair-{k}.finding.json").write_text(json.dumps(f.to_dict(), indent=1) + "\n")
+                k += 1
+            out.append(f)
+        return out
 
-    def _check_notebook(self, student: str, name: str, nb) -> list[Finding]:
+    # -- one notebook -------------------------------------------------------------------------
+    def repair_notebook(self, student: str, name: str, nb):
+        """``(notebook nbgrader can grade, finding codes repaired)``: what nbgrader would refuse, fixed.
+
+        * a locked cell (given or test) that appears more than once: the first copy is kept, the
+          others dropped (nbgrader refuses a notebook with a duplicated grade id, so without this the
+          whole notebook would score 0);
+        * an answer cell that appears more than once: the last copy keeps the nbgrader metadata (it is
+          the one whose definitions the kernel keeps), the earlier copies stay as plain code cells;
+        * a cell saved with another type (markdown or raw instead of code, or the reverse): its type is
+          restored from the release, its text kept.
+        """
+        spec: NotebookSpec = self.specs[name]
+        nb = copy.deepcopy(nb)
+        repairs: set = set()
+        last = {}
+        for i, c in enumerate(nb.cells):
+            gid = _nbg(c).get("grade_id")
+            if gid:
+                last[gid] = i
+        keep, seen = [], set()
+        for i, c in enumerate(nb.cells):
+            gid = _nbg(c).get("grade_id")
+            cspec = spec.by_id(gid) if gid else None
+            if cspec is not None and gid in seen:
+                if cspec.kind in ("answer", "manual", "autoanswer"):
+                    pass  # handled below (the last copy keeps the id)
+                else:
+                    repairs.add("duplicate-cell")
+                    continue
+            if cspec is not None and cspec.kind in ("answer", "manual", "autoanswer") and last[gid] != i:
+                c = copy.deepcopy(c)
+                c.metadata.pop("nbgrader", None)
+                if c.cell_type != "code" and cspec.cell_type == "code":
+                    c = _with_type(c, "code")
+                repairs.add("duplicate-answer")
+            elif cspec is not None and c.cell_type != cspec.cell_type:
+                c = _with_type(c, cspec.cell_type)
+                repairs.add("cell-type")
+            if cspec is not None and cspec.kind in ("given", "test") and cspec.nbgrader and \
+                    _nbg(c) != cspec.nbgrader:
+                c = copy.deepcopy(c)
+                c.metadata["nbgrader"] = copy.deepcopy(cspec.nbgrader)
+                repairs.add("edited-metadata")
+            if gid:
+                seen.add(gid)
+            keep.append(c)
+        nb.cells = keep
+        return nb, repairs
+
+    def check_notebook(self, student: str, name: str, nb) -> list[Finding]:
+        """Every finding of one submitted notebook (the module docstring's table gives their severity)."""
         spec: NotebookSpec = self.specs[name]
         out: list[Finding] = []
 
@@ -1084,35 +581,26 @@ class _Checker:
             out.append(F(cell=None, grade_id=None, line=None, code="kernel-language", severity=WARN,
                          message=f"the notebook's kernel language is {ks.get('language')!r}; nbgrader grades it "
                                  "with the release's kernel"))
-        # positions of each test in the submission (last duplicate wins, as in nbgrader)
-        position = {}
-        for i, gid in sub_ids:
-            position[gid] = i
-
-        def after(index: int) -> tuple:
-            return tuple((name, g) for g in spec.autograded_ids if g in position and position[g] > index)
-
-        # duplicates (a copied answer cell is an everyday accident; a copied locked cell is not)
+        # duplicates: the pre-flight repairs both kinds (see repair_notebook)
         seen = {}
         for i, gid in sub_ids:
             if gid in seen:
                 cspec = spec.by_id(gid)
-                if cspec is not None and cspec.kind in ("answer", "manual"):
+                if cspec is not None and cspec.kind in ("answer", "manual", "autoanswer"):
                     out.append(F(cell=i, grade_id=gid, line=None, code="duplicate-answer", severity=WARN,
                                  message=f"the answer cell {gid!r} appears more than once (first as cell "
-                                         f"{seen[gid]}); nbgrader grades the last copy"))
-                else:
-                    wh = after(seen[gid]) + (((name, gid),) if cspec is not None and cspec.autograded else ())
-                    out.append(F(cell=i, grade_id=gid, line=None, code="duplicate-cell", severity=BLOCK,
-                                 withhold=tuple(dict.fromkeys(wh)),
+                                         f"{seen[gid]}, again as cell {i}); the last copy is graded, the earlier "
+                                         "ones run as ordinary code"))
+                elif cspec is not None:
+                    out.append(F(cell=i, grade_id=gid, line=None, code="duplicate-cell", severity=WARN,
                                  message=f"the locked cell {gid!r} appears more than once (first as cell "
-                                         f"{seen[gid]}); nbgrader keeps only the last copy, so the tests after "
-                                         "the first copy are withheld for review"))
+                                         f"{seen[gid]}, again as cell {i}); the first copy is kept and the "
+                                         "duplicate dropped, so the rest of the notebook is graded"))
             else:
                 seen[gid] = i
         # missing cells
         for cspec in spec.cells:
-            if cspec.grade_id in position:
+            if cspec.grade_id in seen:
                 continue
             if cspec.kind == "test" or cspec.kind == "autoanswer":
                 out.append(F(cell=None, grade_id=cspec.grade_id, line=None, code="deleted-test", severity=BLOCK,
@@ -1123,33 +611,37 @@ class _Checker:
                 later = tuple((name, c.grade_id) for c in spec.cells if c.autograded and c.index > cspec.index)
                 out.append(F(cell=None, grade_id=cspec.grade_id, line=None, code="deleted-given", severity=BLOCK,
                              withhold=later,
-                             message=f"the read-only cell {cspec.grade_id!r} was deleted; the tests after it ran "
-                                     "without it and are withheld for review"))
+                             message=f"the read-only cell {cspec.grade_id!r} was deleted (nbgrader does not put it "
+                                     "back); the tests after it ran without the code it gives, so they are "
+                                     "withheld for review"))
             else:
                 out.append(F(cell=None, grade_id=cspec.grade_id, line=None, code="deleted-answer", severity=WARN,
                              message=f"the answer cell {cspec.grade_id!r} was deleted"))
-        # order (the copies nbgrader keeps, i.e. the last ones, must follow the release order)
-        order = sorted((g for g in position if g in spec_ids), key=position.get)
+        # order (first copies, which are the ones kept for locked cells)
+        order = [g for g in seen if g in spec_ids]
         expected_order = [g for g in spec.ids if g in set(order)]
         if order != expected_order:
             first_bad = next(i for i, (a, b) in enumerate(zip(order, expected_order)) if a != b)
-            out.append(F(cell=position.get(order[first_bad]), grade_id=order[first_bad], line=None, code="reordered",
-                         severity=BLOCK, withhold=everything,
+            out.append(F(cell=seen.get(order[first_bad]), grade_id=order[first_bad], line=None, code="reordered",
+                         severity=WARN,
                          message=f"the notebook's cells were reordered ({order[first_bad]!r} is where "
-                                 f"{expected_order[first_bad]!r} should be); tests may have run before the code they "
-                                 "check or after code meant to run later, so the notebook is withheld for review"))
-        # code before the locked first code cell (the grading snapshot)
+                                 f"{expected_order[first_bad]!r} should be); graded in the submitted order (a test "
+                                 "that runs before its answer is defined fails)"))
+        # code before the locked first code cell
         start_spec = _start_spec(spec)
-        if start_spec is not None and start_spec.grade_id in position:
+        if start_spec is not None and start_spec.grade_id in seen:
             start_at = seen[start_spec.grade_id]
             early = [i for i, c in enumerate(nb.cells[:start_at]) if c.cell_type == "code" and _source(c).strip()]
             if early:
+                harmless = all(_only_harmless_magics(_source(nb.cells[i])) for i in early)
                 out.append(F(cell=early[0], grade_id=_nbg(nb.cells[early[0]]).get("grade_id"), line=None,
-                             code="code-before-start", severity=BLOCK, withhold=everything,
-                             message=f"code runs before the locked first cell {start_spec.grade_id!r} (which starts "
-                                     "the tamper-proof grader), so every test of the notebook is withheld for "
-                                     "review"))
-        # locked cells edited
+                             code="magic-before-start" if harmless else "code-before-start", severity=WARN,
+                             message=(f"a display magic ({_source(nb.cells[early[0]]).strip().splitlines()[0][:60]}) "
+                                      f"runs before the locked first cell {start_spec.grade_id!r}; harmless"
+                                      if harmless else
+                                      f"code runs before the locked first cell {start_spec.grade_id!r}; it runs in "
+                                      "the student's own sandboxed kernel and the judge grades the outputs")))
+        # locked cells edited; cell types
         for i, c in enumerate(nb.cells):
             gid = _nbg(c).get("grade_id")
             cspec = spec.by_id(gid) if gid else None
@@ -1161,20 +653,16 @@ class _Checker:
                 continue
             if c.cell_type != cspec.cell_type:
                 out.append(F(cell=i, grade_id=gid, line=None, code="cell-type", severity=WARN,
-                             message=f"the cell {gid!r} was changed from {cspec.cell_type} to {c.cell_type}; "
-                                     "nbgrader changes it back"))
+                             message=f"the cell {gid!r} (cell {i}) was saved as {c.cell_type}, not "
+                                     f"{cspec.cell_type}; its type was restored so it is graded with the rest"))
             md = _nbg(c)
             if cspec.kind in ("test", "given") and _norm(_source(c)) != _norm(cspec.source):
                 if cspec.kind == "test":
-                    out.append(F(cell=i, grade_id=gid, line=None, code="edited-test", severity=BLOCK,
-                                 withhold=((name, gid),),
-                                 message=f"the locked test cell {gid!r} was edited; nbgrader ran the original test "
-                                         "but its points are withheld for review"))
+                    out.append(F(cell=i, grade_id=gid, line=None, code="edited-test", severity=WARN,
+                                 message=f"the locked test cell {gid!r} was edited; nbgrader ran the original"))
                 elif start_spec is not None and gid == start_spec.grade_id:
-                    out.append(F(cell=i, grade_id=gid, line=None, code="edited-start", severity=BLOCK,
-                                 withhold=everything,
-                                 message=f"the locked first cell {gid!r} (which starts the tamper-proof grader) was "
-                                         "edited; nbgrader restored it, but the notebook is withheld for review"))
+                    out.append(F(cell=i, grade_id=gid, line=None, code="edited-start", severity=WARN,
+                                 message=f"the locked first cell {gid!r} was edited; nbgrader restores the original"))
                 else:
                     out.append(F(cell=i, grade_id=gid, line=None, code="edited-given", severity=WARN,
                                  message=f"the read-only cell {gid!r} was edited; nbgrader restores the original"))
@@ -1184,22 +672,138 @@ class _Checker:
                                      f"{cspec.points:g}"))
             locked_md = bool(md.get("locked")) if not md.get("solution") else False
             spec_locked = cspec.kind in ("given", "test")
-            if spec_locked and not locked_md and _norm(_source(c)) == _norm(cspec.source):
-                out.append(F(cell=i, grade_id=gid, line=None, code="unlocked", severity=WARN,
-                             message=f"the cell {gid!r} was unlocked in its metadata; nbgrader locks it again"))
-        # static scan of every cell the student can change
-        locked_ids = {c.grade_id for c in spec.cells if c.kind in ("given", "test")}
-        aliases = _given_aliases([c for c in nb.cells if _nbg(c).get("grade_id") in locked_ids])
-        for i, c in enumerate(nb.cells):
-            if c.cell_type != "code":
-                continue
-            gid = _nbg(c).get("grade_id")
-            if gid in locked_ids and spec.by_id(gid) is not None:
-                continue  # restored from the release by nbgrader before it runs
-            for h in scan_code(_source(c), aliases):
-                out.append(F(cell=i, grade_id=gid, line=h.line, code=h.code, severity=h.severity,
-                             withhold=after(i) if h.severity == BLOCK else (), message=h.message))
+            if spec_locked and (not locked_md or md.get("solution") or md.get("grade") != (cspec.kind == "test")):
+                out.append(F(cell=i, grade_id=gid, line=None, code="edited-metadata", severity=WARN,
+                             message=f"the nbgrader metadata of the locked cell {gid!r} (cell {i}) was edited; "
+                                     "nbgrader restores the release's"))
+        # answers that are a library function up to names, comments and formatting: for review only
+        for copy_ in _library_copies(nb):
+            out.append(F(cell=None, grade_id=copy_.cell, line=copy_.line, code="library-copy", severity=WARN,
+                         message=f"{copy_}; reported for review (the answer is judged on its outputs)"))
         return out
+
+
+
+def readable_name(name: str) -> str:
+    """``name`` quoted on one printable line: bytes that are not UTF-8 as ``\\xNN``, a newline as ``\\n``."""
+    try:
+        text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    except (UnicodeError, ValueError):
+        text = name.encode("utf-8", "backslashreplace").decode("ascii")
+    return "'" + "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text) + "'"
+
+
+def _unusable_name(name: str) -> str:
+    """Why nbgrader cannot be given this folder name ("" when it can)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    if any(ch in name for ch in "*?[]"):
+        return "contains characters nbgrader treats as a pattern (* ? [ ])"
+    if name.startswith(".") or "/" in name or "\\" in name:
+        return "is a hidden or path-like name"
+    if any(unicodedata.category(ch) == "Cc" for ch in name):
+        return "contains a newline or another control character"
+    return ""
+
+
+def _unusable_file_name(rel: Path) -> str:
+    """Why a file inside a submission cannot be kept ("" when it can)."""
+    for part in rel.parts:
+        why = _unusable_name(part) if not part.startswith(".") else ""
+        if why and why != "is a hidden or path-like name":
+            return why
+    return ""
+
+
+def _readable_rel(rel: Path) -> str:
+    return "/".join(ascii(p)[1:-1] if _unusable_name(p) else p for p in rel.parts)
+
+
+def _walk(folder: Path):
+    """Every path under ``folder``, never descending into a linked folder."""
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for n in dirnames + filenames:
+            yield Path(dirpath) / n
+
+
+def _special_kind(path: Path) -> str:
+    """"symbolic link", "named pipe (FIFO)", ... for anything that is not a plain file or folder."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return ""
+    if stat.S_ISLNK(mode):
+        return "symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device file"
+    return ""
+
+
+def _with_type(cell, cell_type: str):
+    """A copy of ``cell`` with another cell type (text and metadata kept)."""
+    c = copy.deepcopy(cell)
+    c["cell_type"] = cell_type
+    if cell_type == "code":
+        c.setdefault("outputs", [])
+        c.setdefault("execution_count", None)
+    else:
+        c.pop("outputs", None)
+        c.pop("execution_count", None)
+    c.pop("attachments", None) if cell_type == "code" else None
+    return c
+
+
+#: Line magics that only change how output is shown (one above the first locked cell is harmless).
+DISPLAY_MAGICS = ("matplotlib", "config InlineBackend", "precision", "load_ext autoreload", "autoreload",
+                  "xmode")
+
+
+def _only_harmless_magics(source: str) -> bool:
+    lines = [ln.strip() for ln in source.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return bool(lines) and all(ln.startswith("%") and not ln.startswith("%%")
+                               and ln[1:].startswith(DISPLAY_MAGICS) for ln in lines)
+
+
+_FINGERPRINTS: list = []  # [fingerprints of the installed library], computed once per process
+
+
+def _library_copies(nb) -> list:
+    """Answer-cell functions that are a library function up to names (text only; nothing runs):
+    :func:`rlhf_lab.instructor.library_build.suspicious_copies`, with the library read once."""
+    import ast
+
+    from . import library_build as lb
+
+    try:
+        if not _FINGERPRINTS:
+            _FINGERPRINTS.append(lb.reference_fingerprints())
+        refs = _FINGERPRINTS[0]
+        found = []
+        for index, cell in enumerate(nb.cells):
+            meta = _nbg(cell)
+            if cell.get("cell_type") != "code" or not meta.get("solution"):
+                continue
+            try:
+                tree = ast.parse(lb._strip_magics(_source(cell)))
+            except SyntaxError:
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    match = refs.get(lb.normalised(node))
+                    if match is not None:
+                        found.append(lb.Finding(str(meta.get("grade_id") or f"cell {index}"), node.name, match,
+                                                node.lineno))
+        return found
+    except Exception:  # noqa: BLE001 - a review aid must never stop the pre-flight
+        return []
 
 
 def _start_spec(spec: NotebookSpec) -> CellSpec | None:
@@ -1284,7 +888,8 @@ def preflight(assignment: str, root=None, students: Iterable[str] | None = None,
     if write:
         path = root / REPORT_TEMPLATE.format(assignment=assignment)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(report.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8",
+                        errors="backslashreplace")  # a folder name that is not UTF-8 stays readable
     return report
 
 

@@ -155,10 +155,24 @@ def collect(submissions_dir: str | os.PathLike, root=None, names: Iterable[str] 
             dest = root / "submitted" / student / adir.name
             if dest.exists() and clean:
                 shutil.rmtree(dest)
-            shutil.copytree(adir, dest, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+            shutil.copytree(adir, dest, dirs_exist_ok=True, symlinks=True,  # links stay links (never their target)
+                            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
+                            copy_function=_copy_plain_or_fifo)
             collected.append((student, adir.name))
     return CollectResult(collected, problems)
+
+
+def _copy_plain_or_fifo(src, dst):
+    """``shutil.copy2`` for plain files; a FIFO is made again as a FIFO (never opened, so never a hang)
+    and other special files are left out; the integrity pre-flight reports and moves them."""
+    import stat
+
+    mode = os.lstat(src).st_mode
+    if stat.S_ISFIFO(mode):
+        os.mkfifo(dst)
+    elif stat.S_ISREG(mode):
+        shutil.copy2(src, dst)
+    return dst
 
 
 def already_submitted(root=None, names: Iterable[str] | None = None,
