@@ -344,10 +344,24 @@ def _module_files(library_dir: Path) -> dict[str, Path]:
     return out
 
 
+#: Parsed library modules of this process, by file and its (mtime, size): one grading process plans
+#: a build for every notebook, and each plan reads the whole library several times.
+_PARSED: dict[tuple, ast.Module] = {}
+
+
 def _modules(library_dir: Path) -> dict[str, ast.Module]:
-    """The library's build modules (see :func:`_module_files`): dotted name -> AST."""
-    return {name: ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-            for name, path in _module_files(Path(library_dir)).items()}
+    """The library's build modules (see :func:`_module_files`): dotted name -> AST.
+
+    Each file is parsed once per process while it is unchanged; the trees are shared, so callers
+    read them and never modify them (:func:`normalised` works on a copy)."""
+    out = {}
+    for name, path in _module_files(Path(library_dir)).items():
+        st = path.stat()
+        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+        if key not in _PARSED:
+            _PARSED[key] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        out[name] = _PARSED[key]
+    return out
 
 
 def _is_package(module: str, trees: dict) -> bool:
