@@ -1,4 +1,5 @@
-"""Benchmark: one student's autograde with the judge and the sandbox, against the previous path.
+"""Benchmark: one student's autograde with the judge and the sandbox against the previous path, and a class
+run with one judge server against a judge per student process.
 
 In one run, on a temporary copy of the course, the correct example student of each graded
 assignment is autograded (``nbgrader autograde A --student ada_correct --force``, its own process,
@@ -14,7 +15,22 @@ It reports the median seconds per configuration and the ratios to ``in-kernel``,
 the three configurations gave the same grades, cell by cell. The target of the course issue: the
 default path no slower than 1.2x the previous one.
 
-Usage: ``python bench/bench_judge.py [--repeats N] [--out bench/results/judge.md]``
+**Class run** (``--class-size N``, default 4): a class of N students of each assignment (the correct
+student, the unchanged release and mistakes of that assignment from ``examples/submissions``) is
+graded by the course's sequential executor twice, in the same run, order alternating between
+assignments:
+
+* ``per-process``: each student's nbgrader process judges by itself (``RLHF_JUDGE_SERVER=0``, as a
+  bare ``nbgrader autograde`` does), so every student pays the library import and the references'
+  compilation again: the baseline;
+* ``server``: one judge server for the run (:mod:`rlhf_lab.instructor.judge_server`), the default.
+
+It reports the mean per-student autograde seconds of each, their ratio, the first student's seconds
+and the mean of the later ones, and checks that both gave the same grades, cell by cell.
+``--only class`` skips the single-student part (its earlier section of ``--out`` is kept).
+
+Usage: ``python bench/bench_judge.py [--repeats N] [--class-size N] [--only single|class] [--assignments A ...]
+[--out FILE]``
 """
 from __future__ import annotations
 
@@ -47,11 +63,106 @@ def grades(root: Path, db_url: str, assignment: str) -> dict:
     return {k: (c.score, c.max_score) for k, c in table.by_cell(STUDENT, assignment).items()}
 
 
+CLASS_MARK = "## Class run: one judge server vs a judge per student process"
+CLASS_CONFIGS = {"per-process": "0", "server": "1"}
+
+
+def class_students(assignment: str, size: int) -> list[str]:
+    """The correct student, the unchanged release, then mistakes of ``assignment`` (bundled examples)."""
+    folder = ROOT / "examples" / "submissions"
+    others = sorted(p.parent.name for p in folder.glob(f"*/{assignment}")
+                    if p.parent.name not in (STUDENT, "ben_unchanged"))
+    return ([STUDENT, "ben_unchanged"] + others)[:size]
+
+
+def class_part(size: int, only: list[str] | None = None) -> list[str]:
+    from rlhf_lab.instructor import orchestrator
+    from rlhf_lab.instructor.course import as_course
+
+    load_before = os.getloadavg()
+    rows, same_all = [], True
+    with tempfile.TemporaryDirectory(prefix="rlhf_bench_judge_class_") as tmp:
+        root = pipeline.copy_course(Path(tmp) / "course", ROOT)
+        db_url = "sqlite:///" + str(root / "gradebook.db")
+        names = [a for a in pipeline.graded_assignments(root) if not only or a in only]
+        pipeline.generate(root, names, db_url=db_url)
+        who = {a: class_students(a, size) for a in names}
+        pipeline.collect(ROOT / "examples" / "submissions", root, names=names,
+                         students=sorted({s for v in who.values() for s in v}))
+        course = as_course(root, db_url)
+        saved = os.environ.get("RLHF_JUDGE_SERVER")
+        try:
+            for i, assignment in enumerate(names):
+                order = list(CLASS_CONFIGS) if i % 2 == 0 else list(CLASS_CONFIGS)[::-1]
+                seconds, seen = {}, {}
+                for config in order:
+                    os.environ["RLHF_JUDGE_SERVER"] = CLASS_CONFIGS[config]
+                    run = orchestrator.grade_assignment(course, assignment, who[assignment],
+                                                        orchestrator.SequentialExecutor(), preflight=False)
+                    bad = [r for r in run.results if r["status"] != "graded"]
+                    if bad:
+                        raise SystemExit(f"{assignment} {config}: {bad[0]['student']} failed: {bad[0]['reason']}")
+                    by_student = {r["student"]: r["seconds"] for r in run.results}
+                    seconds[config] = [by_student[s] for s in who[assignment]]
+                    table = pipeline.read_grades(root, db_url)
+                    seen[config] = {s: sorted((k, c.score, c.max_score)
+                                              for k, c in table.by_cell(s, assignment).items()) for s in who[assignment]}
+                    print(f"{assignment:14s} {config:12s} " + " ".join(f"{x:5.1f}" for x in seconds[config]), flush=True)
+                same = seen["server"] == seen["per-process"]
+                for student in [] if same else who[assignment]:
+                    a, b = dict((k, v) for k, *v in seen["server"][student]), dict(
+                        (k, v) for k, *v in seen["per-process"][student])
+                    for cell in sorted(set(a) | set(b)):
+                        if a.get(cell) != b.get(cell):
+                            print(f"  differs: {student} {cell}: server {a.get(cell)}, per-process {b.get(cell)}",
+                                  flush=True)
+                same_all = same_all and same
+                rows.append((assignment, len(who[assignment]), seconds, same))
+        finally:
+            if saved is None:
+                os.environ.pop("RLHF_JUDGE_SERVER", None)
+            else:
+                os.environ["RLHF_JUDGE_SERVER"] = saved
+    load_after = os.getloadavg()
+    mean = statistics.mean
+    lines = [CLASS_MARK, "",
+             f"`python bench/bench_judge.py --only class --class-size {size}"
+             + (f" --assignments {' '.join(only)}" if only else "") + "`: sequential executor, sandbox on; "
+             f"load average before {' / '.join(f'{x:.2f}' for x in load_before)}, after "
+             f"{' / '.join(f'{x:.2f}' for x in load_after)}.", "",
+             "| assignment | students | per-process, mean per student (s) | server, mean per student (s) | "
+             "server / per-process | per-process: first, later (s) | server: first, later (s) | same grades |",
+             "|---|---|---|---|---|---|---|---|"]
+    total = {c: 0.0 for c in CLASS_CONFIGS}
+    for assignment, n, seconds, same in rows:
+        for c in CLASS_CONFIGS:
+            total[c] += sum(seconds[c])
+        fl = {c: f"{seconds[c][0]:.1f}, {mean(seconds[c][1:]) if n > 1 else float('nan'):.1f}" for c in CLASS_CONFIGS}
+        lines.append(f"| {assignment} | {n} | {mean(seconds['per-process']):.1f} | {mean(seconds['server']):.1f} | "
+                     f"{mean(seconds['server']) / mean(seconds['per-process']):.2f}x | {fl['per-process']} | "
+                     f"{fl['server']} | {'yes' if same else 'NO'} |")
+    lines += ["", f"All the assignments above together: server / per-process = {total['server'] / total['per-process']:.2f}x "
+              f"({total['server']:.0f} s vs {total['per-process']:.0f} s). Same grades cell by cell: "
+              f"{'yes' if same_all else 'NO'}.", ""]
+    return lines if same_all else lines + ["GRADES DIFFER"]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--class-size", type=int, default=4)
+    parser.add_argument("--only", choices=("single", "class"))
+    parser.add_argument("--assignments", nargs="*", help="the class part's assignments (default: every graded one)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "judge.md")
     args = parser.parse_args(argv)
+    if args.only == "class":
+        old = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
+        head = old.split(CLASS_MARK)[0].rstrip() + "\n\n" if old.strip() else ""
+        lines = class_part(args.class_size, args.assignments)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(head + "\n".join(lines), encoding="utf-8")
+        print("\n".join(lines))
+        return 0 if lines[-1] != "GRADES DIFFER" else 1
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rlhf_bench_judge_") as tmp:
         root = pipeline.copy_course(Path(tmp) / "course", ROOT)
@@ -89,10 +200,15 @@ def main(argv=None) -> int:
         lines.append(f"| {assignment} | {med['in-kernel']:.1f} | {med['judge']:.1f} | {med['judge+sandbox']:.1f} | "
                      f"{med['judge+sandbox'] / med['in-kernel']:.2f}x |")
     lines += ["", f"Same grades cell by cell in the three configurations: {'yes' if same else 'NO'}.", ""]
+    class_ok = True
+    if args.only != "single":
+        more = class_part(args.class_size, args.assignments)
+        class_ok = more[-1] != "GRADES DIFFER"
+        lines += more
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines), encoding="utf-8")
     print("\n".join(lines))
-    return 0 if same else 1
+    return 0 if same and class_ok else 1
 
 
 if __name__ == "__main__":
