@@ -686,6 +686,30 @@ def test_csv_export_is_one_row_per_student_whatever_the_folder_name(tmp_path):
     assert {r["raw_score"] for r in rows} == {"0.0"}
 
 
+def test_the_course_export_and_the_backup_export_keep_odd_names_and_only_the_asked_assignments(tmp_path):
+    """`nbgrader export` as the pipeline runs it (the course's plugin, restricted to the graded
+    assignments) and the backup's grades.csv: a comma in a student id stays one field, and an
+    assignment not asked for (an ungraded one in the gradebook) adds no rows."""
+    from nbgrader.api import Gradebook
+
+    root = pipeline.copy_course(tmp_path / "course", REPO)
+    url = f"sqlite:///{root / 'gradebook.db'}"
+    names = ["doe, jane", "plain"]
+    with Gradebook(url, pipeline.COURSE_ID) as gb:
+        gb.add_assignment("graded_one")
+        gb.add_assignment("ungraded_one")
+        for n in names:
+            gb.add_student(n)
+    out = pipeline.export_csv(tmp_path / "grades.csv", root, url, names=["graded_one"])
+    backup_csv = backup.export_assignment_csv(url, pipeline.COURSE_ID, tmp_path / "backup_grades.csv")
+    for path, assignments in ((out, {"graded_one"}), (backup_csv, {"graded_one", "ungraded_one"})):
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+        assert sorted((r["student_id"], r["assignment"]) for r in rows) == \
+            sorted((n, a) for n in names for a in assignments), (path, rows)
+        assert all(None not in r and None not in r.values() for r in rows), rows
+
+
 def test_unaddressable_folder_names_are_rejected_alone_and_the_class_goes_on(tmp_path):
     """A folder name with a newline, or one that is not valid UTF-8, is collected and rejected by the
     pre-flight with a readable name; the other students are checked as usual; the report is written."""

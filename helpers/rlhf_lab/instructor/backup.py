@@ -14,8 +14,8 @@ It writes one folder per run:
     (:meth:`sqlite3.Connection.backup`, safe while nbgrader writes) or ``pg_dump -Fc`` for a
     PostgreSQL URL (restore with ``--restore`` or ``pg_restore --clean``).
 ``grades.csv``
-    nbgrader's own CSV export (:class:`nbgrader.plugins.CsvExportPlugin`, what ``nbgrader export``
-    writes): one row per student and assignment, read from the snapshot, not the live database.
+    The course's CSV export (:class:`.csv_export.CsvExport`, what ``nbgrader export`` writes here: a
+    real CSV writer): one row per student and assignment, read from the snapshot, not the live database.
 ``grades_by_cell.csv``
     One row per student and graded cell: assignment, notebook, ``grade_id``, kind (test, answer,
     manual), auto/manual/final score, max score, whether a human still has to grade it, whether
@@ -141,11 +141,13 @@ def redact(db_url: str) -> str:
 
 # ---------------------------------------------------------------------------------------- exports
 def export_assignment_csv(db_url: str, course_id: str, dest: Path) -> Path:
-    """nbgrader's CSV export (``nbgrader export``'s plugin) of the gradebook at ``db_url``."""
+    """The course's CSV export (``nbgrader export``'s plugin in ``nbgrader_config.py``, a real CSV
+    writer: :mod:`.csv_export`) of the gradebook at ``db_url``."""
     from nbgrader.api import Gradebook
-    from nbgrader.plugins import CsvExportPlugin
 
-    plugin = CsvExportPlugin()
+    from .csv_export import CsvExport
+
+    plugin = CsvExport()
     plugin.to = str(dest)
     with Gradebook(db_url, course_id) as gb:
         plugin.export(gb)

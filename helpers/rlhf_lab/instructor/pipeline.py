@@ -345,7 +345,8 @@ def export_csv(path: str | os.PathLike | None = None, root=None, db_url: str | N
     dest = Path(path).resolve() if path is not None else root / "grades.csv"
     args = ["export", "--to", str(dest)]
     if names is not None:
-        args += ["--CsvExportPlugin.assignment=" + json.dumps(list(names))]
+        # the base class's option: it reaches the course's plugin (csv_export.CsvExport) and nbgrader's
+        args += ["--ExportPlugin.assignment=" + json.dumps(list(names))]
     run = run_nbgrader(args, root, db_url)
     if not run.ok or not dest.exists():
         raise PipelineError("nbgrader export failed:\n" + run.output[-3000:])
