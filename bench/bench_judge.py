@@ -17,16 +17,19 @@ default path no slower than 1.2x the previous one.
 
 **Class run** (``--class-size N``, default 4): a class of N students of each assignment (the correct
 student, the unchanged release and mistakes of that assignment from ``examples/submissions``) is
-graded by the course's sequential executor twice, in the same run, order alternating between
+graded by the course's sequential executor three times, in the same run, order alternating between
 assignments:
 
 * ``per-process``: each student's nbgrader process judges by itself (``RLHF_JUDGE_SERVER=0``, as a
   bare ``nbgrader autograde`` does), so every student pays the library import and the references'
-  compilation again: the baseline;
-* ``server``: one judge server for the run (:mod:`rlhf_lab.instructor.judge_server`), the default.
+  compilation again;
+* ``server``: one judge server for the run (:mod:`rlhf_lab.instructor.judge_server`), the default;
+* ``in-kernel``: the path before the judge and the sandbox (``RLHF_JUDGE=0``, ``RLHF_NO_SANDBOX=1``),
+  the course issue's baseline (the default path no slower than 1.2x it).
 
 It reports the mean per-student autograde seconds of each, their ratio, the first student's seconds
-and the mean of the later ones, and checks that both gave the same grades, cell by cell.
+and the mean of the later ones, and checks that the server and the per-process judge gave the same
+grades, cell by cell (the in-kernel path's agreement is reported: its older checks are not the judge's).
 ``--only class`` skips the single-student part (its earlier section of ``--out`` is kept).
 
 Usage: ``python bench/bench_judge.py [--repeats N] [--class-size N] [--only single|class] [--assignments A ...]
@@ -64,7 +67,14 @@ def grades(root: Path, db_url: str, assignment: str) -> dict:
 
 
 CLASS_MARK = "## Class run: one judge server vs a judge per student process"
-CLASS_CONFIGS = {"per-process": "0", "server": "1"}
+#: environment of each class configuration: the default path (a judge server for the run, sandbox on),
+#: a judge in every student's process (sandbox on), and the path before the judge (checks inside an
+#: unsandboxed kernel), the issue's baseline
+CLASS_CONFIGS = {
+    "per-process": {"RLHF_JUDGE": "1", "RLHF_JUDGE_SERVER": "0", "RLHF_NO_SANDBOX": "0"},
+    "server": {"RLHF_JUDGE": "1", "RLHF_JUDGE_SERVER": "1", "RLHF_NO_SANDBOX": "0"},
+    "in-kernel": {"RLHF_JUDGE": "0", "RLHF_JUDGE_SERVER": "0", "RLHF_NO_SANDBOX": "1"},
+}
 
 
 def class_students(assignment: str, size: int) -> list[str]:
@@ -90,13 +100,13 @@ def class_part(size: int, only: list[str] | None = None) -> list[str]:
         pipeline.collect(ROOT / "examples" / "submissions", root, names=names,
                          students=sorted({s for v in who.values() for s in v}))
         course = as_course(root, db_url)
-        saved = os.environ.get("RLHF_JUDGE_SERVER")
+        saved = dict(os.environ)
         try:
             for i, assignment in enumerate(names):
-                order = list(CLASS_CONFIGS) if i % 2 == 0 else list(CLASS_CONFIGS)[::-1]
+                order = list(CLASS_CONFIGS) if i % 2 == 0 else list(CLASS_CONFIGS)[::-1]  # share the load
                 seconds, seen = {}, {}
                 for config in order:
-                    os.environ["RLHF_JUDGE_SERVER"] = CLASS_CONFIGS[config]
+                    os.environ.update(CLASS_CONFIGS[config])
                     run = orchestrator.grade_assignment(course, assignment, who[assignment],
                                                         orchestrator.SequentialExecutor(), preflight=False)
                     bad = [r for r in run.results if r["status"] != "graded"]
@@ -108,21 +118,21 @@ def class_part(size: int, only: list[str] | None = None) -> list[str]:
                     seen[config] = {s: sorted((k, c.score, c.max_score)
                                               for k, c in table.by_cell(s, assignment).items()) for s in who[assignment]}
                     print(f"{assignment:14s} {config:12s} " + " ".join(f"{x:5.1f}" for x in seconds[config]), flush=True)
-                same = seen["server"] == seen["per-process"]
-                for student in [] if same else who[assignment]:
-                    a, b = dict((k, v) for k, *v in seen["server"][student]), dict(
-                        (k, v) for k, *v in seen["per-process"][student])
-                    for cell in sorted(set(a) | set(b)):
-                        if a.get(cell) != b.get(cell):
-                            print(f"  differs: {student} {cell}: server {a.get(cell)}, per-process {b.get(cell)}",
-                                  flush=True)
+                same = seen["per-process"] == seen["server"]
+                agree_in_kernel = seen["in-kernel"] == seen["server"]
+                for other in [c for c in CLASS_CONFIGS if seen[c] != seen["server"]]:
+                    for student in who[assignment]:
+                        a, b = dict((k, v) for k, *v in seen["server"][student]), dict(
+                            (k, v) for k, *v in seen[other][student])
+                        for cell in sorted(set(a) | set(b)):
+                            if a.get(cell) != b.get(cell):
+                                print(f"  differs: {student} {cell}: server {a.get(cell)}, {other} {b.get(cell)}",
+                                      flush=True)
                 same_all = same_all and same
-                rows.append((assignment, len(who[assignment]), seconds, same))
+                rows.append((assignment, len(who[assignment]), seconds, same, agree_in_kernel))
         finally:
-            if saved is None:
-                os.environ.pop("RLHF_JUDGE_SERVER", None)
-            else:
-                os.environ["RLHF_JUDGE_SERVER"] = saved
+            os.environ.clear()
+            os.environ.update(saved)
     load_after = os.getloadavg()
     mean = statistics.mean
     lines = [CLASS_MARK, "",
@@ -130,20 +140,23 @@ def class_part(size: int, only: list[str] | None = None) -> list[str]:
              + (f" --assignments {' '.join(only)}" if only else "") + "`: sequential executor, sandbox on; "
              f"load average before {' / '.join(f'{x:.2f}' for x in load_before)}, after "
              f"{' / '.join(f'{x:.2f}' for x in load_after)}.", "",
-             "| assignment | students | per-process, mean per student (s) | server, mean per student (s) | "
-             "server / per-process | per-process: first, later (s) | server: first, later (s) | same grades |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| assignment | students | in-kernel, mean per student (s) | per-process, mean per student (s) | "
+             "server, mean per student (s) | server / per-process | server / in-kernel | "
+             "per-process: first, later (s) | server: first, later (s) | same grades |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     total = {c: 0.0 for c in CLASS_CONFIGS}
-    for assignment, n, seconds, same in rows:
+    for assignment, n, seconds, same, agree_in_kernel in rows:
         for c in CLASS_CONFIGS:
             total[c] += sum(seconds[c])
         fl = {c: f"{seconds[c][0]:.1f}, {mean(seconds[c][1:]) if n > 1 else float('nan'):.1f}" for c in CLASS_CONFIGS}
-        lines.append(f"| {assignment} | {n} | {mean(seconds['per-process']):.1f} | {mean(seconds['server']):.1f} | "
-                     f"{mean(seconds['server']) / mean(seconds['per-process']):.2f}x | {fl['per-process']} | "
-                     f"{fl['server']} | {'yes' if same else 'NO'} |")
+        lines.append(f"| {assignment} | {n} | {mean(seconds['in-kernel']):.1f} | {mean(seconds['per-process']):.1f} | "
+                     f"{mean(seconds['server']):.1f} | {mean(seconds['server']) / mean(seconds['per-process']):.2f}x | "
+                     f"{mean(seconds['server']) / mean(seconds['in-kernel']):.2f}x | {fl['per-process']} | "
+                     f"{fl['server']} | {'yes' if same else 'NO'}{'' if agree_in_kernel else ' (in-kernel differs)'} |")
     lines += ["", f"All the assignments above together: server / per-process = {total['server'] / total['per-process']:.2f}x "
-              f"({total['server']:.0f} s vs {total['per-process']:.0f} s). Same grades cell by cell: "
-              f"{'yes' if same_all else 'NO'}.", ""]
+              f"({total['server']:.0f} s vs {total['per-process']:.0f} s); server / in-kernel (the path before the "
+              f"judge and the sandbox) = {total['server'] / total['in-kernel']:.2f}x ({total['in-kernel']:.0f} s). "
+              f"Same grades cell by cell, server and per-process: {'yes' if same_all else 'NO'}.", ""]
     return lines if same_all else lines + ["GRADES DIFFER"]
 
 
