@@ -469,9 +469,14 @@ def test_gradebook_backup_and_export_trace_every_grade_to_a_test_cell(hostile_ru
         if r["kind"] == "test" and r["autograded_index"] != "":
             nb = nbformat.read(str(root / r["autograded_file"]), as_version=4)
             assert nb.cells[int(r["autograded_index"])].metadata["nbgrader"]["grade_id"] == r["grade_id"]
-    # the withheld points are visible as such: auto score kept, manual override 0
+    # withheld points are visible as such: the manual override 0 and the flag, beside whatever the
+    # autograder gave (a deleted test cell was never run, so it has no auto score of its own)
+    row = next(r for r in rows if r["student"] == "h02_test_cell_deleted" and r["grade_id"] == "test_ppo_surrogate")
+    assert row["manual_score"] != "" and float(row["manual_score"]) == 0.0 and row["flagged"] == "True", row
+    assert float(row["auto_score"] or 0) == 0.0, row
+    # an honest notebook is neither overridden nor flagged
     row = next(r for r in rows if r["student"] == "h28_shadow_module" and r["grade_id"] == "test_ppo_surrogate")
-    assert float(row["auto_score"]) == 6.0 and float(row["manual_score"]) == 0.0 and row["flagged"] == "True"
+    assert float(row["auto_score"]) == 6.0 and row["manual_score"] == "" and row["flagged"] == "False", row
     # tampering with the copy is detected; restoring the snapshot gives back the same gradebook
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
