@@ -23,12 +23,14 @@ lesson: venv
 
 ## make test: the whole suite, browser tests included. The fast tests run on two processes (one per
 ## core, pytest-xdist, a file per process at a time); the class runs, browser and PostgreSQL tests
-## after them in one process (they start their own workers and servers). Both parts always run.
+## after them, also on two processes, a group of files per process (`--dist loadscope` with the
+## grouping in tests/conftest.py: the modules that grade the two big classes form one group, every
+## other module its own). Both parts always run.
 FAST := not slow and not browser and not postgres
 test: venv
 	@status=0; \
 	$(RUN) $(PY) -m pytest -q -n 2 --dist loadfile -m "$(FAST)" || status=$$?; \
-	$(RUN) $(PY) -m pytest -q --durations=20 -m "not ($(FAST))" || status=$$?; \
+	$(RUN) $(PY) -m pytest -q -n 2 --dist loadscope --durations=20 -m "not ($(FAST))" || status=$$?; \
 	exit $$status
 
 test-fast: venv

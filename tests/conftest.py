@@ -12,3 +12,33 @@ if str(TESTS) not in sys.path:
 _bin = str(Path(sys.executable).parent)
 if not os.environ.get("PATH", "").startswith(_bin + os.pathsep):
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
+
+#: Test modules that grade the session's two big classes (the bundled class, once per session, and
+#: the hostile class): one group, so that in ``make test``'s slow part (two processes,
+#: ``-n 2 --dist loadscope``) each class is graded once and the two class runs, each on two Dask
+#: workers, never compete with each other for the machine's cores.
+CLASS_RUN_MODULES = {"test_feedback_check", "test_pipeline", "test_trust"}
+
+
+def xdist_group_of(nodeid: str) -> str:
+    """The group a test runs in: its module (so module- and session-scoped fixtures are built once
+    per process), or ``class-runs`` for the modules of :data:`CLASS_RUN_MODULES`."""
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return "class-runs" if module in CLASS_RUN_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` sends each :func:`xdist_group_of` group to one process as a whole.
+
+    (pytest-xdist's own ``loadgroup`` reads groups from suffixes it writes into the test ids, which
+    pytest 9.2's structured ids no longer carry: pytest-xdist issue 1386. A scheduler that computes
+    the group from the test id does not depend on that.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CourseGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(nodeid)
+
+    return CourseGroups(config, log)

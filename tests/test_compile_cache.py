@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -99,8 +98,12 @@ print("CACHE-PROBE " + _json.dumps({"dir": _dir, "entries": len(_entries)}))
 
 
 @pytest.mark.slow
-def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp_path_factory):
+def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp_path_factory, monkeypatch):
     """real autograde: each kernel reads its own copy; spoiling it changes nothing for anyone else"""
+    # the graders make their kernels' copies in their temporary folder: a private one here, so that
+    # kernels of tests running beside this one (their copies come and go meanwhile) are not counted
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
     assignment = "ppo_objective"
     root = fresh_course(tmp_path / "course", session_base(tmp_path_factory))
     seed = compile_cache.seed_dir(root, assignment)
@@ -118,8 +121,8 @@ def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp
     answer = next(c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "ppo_surrogate")
     spoiler[first] = replace_cell(nb, "ppo_surrogate", answer.source + "\n" + PROBE)
     subs = write_submissions(tmp_path / "subs", {"a_spoiler": {assignment: spoiler}, "b_next": {assignment: good}})
-    before = set(Path(tempfile.gettempdir()).glob("rlhf-jax-cache-*"))
     pipeline.collect(subs, root, [assignment])
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
     runs = pipeline.autograde(assignment, ["a_spoiler", "b_next"], root, own_db(root))
     assert all(r.ok for r in runs), [r.to_dict() for r in runs]
 
@@ -131,8 +134,8 @@ def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp
     assert Path(probe["dir"]).resolve() != seed.resolve() and str(root) not in probe["dir"]
     assert probe["entries"] >= len(seed_files) - 1, "the kernel's copy must hold every seeded program"
     assert not Path(probe["dir"]).exists(), "the kernel's private cache outlived the kernel"
-    # (a stale copy left by an earlier, killed run may be swept meanwhile: only new ones count)
-    left = set(Path(tempfile.gettempdir()).glob("rlhf-jax-cache-*")) - before
+    assert str(private_tmp) in probe["dir"], probe  # the copy was made where the grader was told to
+    left = list(private_tmp.glob("rlhf-jax-cache-*"))
     assert not left, f"a private cache was left behind: {left}"
     assert {p.name: p.read_bytes() for p in seed.iterdir()} == seed_files, "the seed changed"
 

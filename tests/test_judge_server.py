@@ -12,7 +12,9 @@ functions stands for :class:`~rlhf_lab.instructor.judge.RemoteStudent`):
   verdict) and logs one line; a server that is not there, the same;
 * a client with the wrong key is refused; the socket lives in a private folder, removed at stop.
 
-The same grades with and without the server on real submissions: the slow class test at the end.
+The same grades with and without the server on real submissions: ``tests/test_preflight_hook.py``
+grades one small class with the course command (which judges in its run's server) and with bare
+``nbgrader autograde`` (each process judging by itself) and compares the gradebooks row by row.
 """
 from __future__ import annotations
 
@@ -287,54 +289,3 @@ def test_through_the_server_a_cell_gets_the_verdict(server, monkeypatch):
     finally:
         cells._close_judge_link()
     assert "SUBTRACTED" in out[0]["evalue"] and server.stats()["served"] == 2
-
-
-# ------------------------------------------------------------------- the same grades, real class
-
-
-@pytest.mark.slow
-def test_a_class_gets_the_same_grades_with_and_without_the_server(tmp_path, monkeypatch):
-    """One small class (a correct student and two mistakes of ``ppo_objective``) graded by the course's
-    sequential run twice: once with the run's judge server, once with each student's process judging
-    by itself (``RLHF_JUDGE_SERVER=0``, as bare ``nbgrader autograde`` does); cell by cell the same."""
-    from course_support import REPO, correct_submission, mistakes, own_db, replace_cell, write_submissions
-    from rlhf_lab.instructor import pipeline
-
-    assignment = "ppo_objective"
-    chosen = [(sid, m) for sid, m in sorted(mistakes().items()) if m.assignment == assignment][:2]
-    assert len(chosen) == 2
-    subs = {"ada_correct": {assignment: correct_submission(assignment)}}
-    for sid, m in chosen:
-        nbs = correct_submission(assignment)
-        nbs[m.notebook] = replace_cell(nbs[m.notebook], m.grade_id, m.code)
-        subs[sid] = {assignment: nbs}
-    folder = write_submissions(tmp_path / "submissions", subs)
-
-    def grade(dest):
-        root = pipeline.copy_course(dest, REPO, include=("nbgrader_config.py", "source", "release"))
-        pipeline.generate(root, [assignment], db_url=own_db(root))
-        return pipeline.run_class(folder, root=root, db_url=own_db(root), names=[assignment], fresh=False,
-                                  regenerate=False, compile_cache=False)
-
-    judge_server.LAST.clear()
-    served = grade(tmp_path / "served")
-    stats = dict(judge_server.LAST)
-    monkeypatch.setenv("RLHF_JUDGE_SERVER", "0")
-    judge_server.LAST.clear()
-    alone = grade(tmp_path / "alone")
-    assert judge_server.LAST == {}  # no server was started for the second run
-
-    tests = served.grades.tests(assignment)
-    assert tests and stats.get("served", 0) >= len(tests) * len(subs), stats
-    logs = [os.path.join(d, f) for d, _, files in os.walk(served.root) for f in files if f.endswith(".log")]
-    assert len(logs) >= len(subs)  # each student's nbgrader log (the run records keep them)
-    assert not [p for p in logs if "judging in this process" in open(p, encoding="utf-8", errors="replace").read()]
-    for sid in subs:
-        a = {g: (c.score, c.max_score) for g, c in served.grades.by_cell(sid, assignment).items()}
-        b = {g: (c.score, c.max_score) for g, c in alone.grades.by_cell(sid, assignment).items()}
-        assert a == b, sid
-    # and the grades mean something: full marks for the correct student, each mistake loses its tests
-    assert all(served.grades.cell("ada_correct", assignment, g).score == served.grades.cell(
-        "ada_correct", assignment, g).max_score for g in tests)
-    for sid, m in chosen:
-        assert {g for g in tests if served.grades.cell(sid, assignment, g).score == 0} >= set(m.fails), sid

@@ -14,7 +14,10 @@ points as the ``post_convert_hook`` of ``Autograde``. These tests check that:
   edited and moved to the end of the notebook (the tests after its place must be withheld) and a
   second notebook that is not JSON (quarantined: it scores 0, the first notebook is still graded).
   Without the hooks the bare command gives the moved cell's tests their auto scores and drops the
-  second student's whole submission.
+  second student's whole submission. A fourth student, a bundled mistake, loses its tests in both.
+  The course command judges every hidden test in its run's judge server
+  (:mod:`rlhf_lab.instructor.judge_server`), bare nbgrader in each student's own process: the equal
+  gradebooks are also the proof that the server changes no verdict.
 """
 from __future__ import annotations
 
@@ -28,9 +31,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from course_support import REPO, correct_submission, fresh_course, own_db, write_submissions
+from course_support import REPO, correct_submission, fresh_course, mistakes, own_db, replace_cell, write_submissions
 
-from rlhf_lab.instructor import integrity, pipeline
+from rlhf_lab.instructor import integrity, judge_server, pipeline
 
 ASSIGNMENT = "ppo_objective"
 NB1 = "01_clipped_objective"
@@ -39,6 +42,12 @@ MOVED = "show_table"  # a locked given cell of NB1 that the hostile unlocks, edi
 CONTROL = "ctl_correct"
 HOSTILE = "hx_locked_cell_moved"
 BROKEN = "hx_second_notebook_not_json"
+STUDENTS = (CONTROL, HOSTILE, BROKEN)  # and the bundled mistake of :func:`_mistake`
+
+
+def _mistake():
+    """``(student id, Mistake)``: the first bundled mistake of :data:`ASSIGNMENT` (a wrong answer)."""
+    return next((sid, m) for sid, m in sorted(mistakes().items()) if m.assignment == ASSIGNMENT)
 
 
 def _gid(cell):
@@ -71,7 +80,11 @@ def _submissions() -> dict:
     moved[NB1] = _moved_locked_cell(good[NB1])
     broken = dict(good)
     broken[NB2] = '{"cells": [ this is not JSON'
-    return {CONTROL: {ASSIGNMENT: good}, HOSTILE: {ASSIGNMENT: moved}, BROKEN: {ASSIGNMENT: broken}}
+    sid, m = _mistake()
+    wrong = dict(good)
+    wrong[m.notebook] = replace_cell(good[m.notebook], m.grade_id, m.code)
+    return {CONTROL: {ASSIGNMENT: good}, HOSTILE: {ASSIGNMENT: moved}, BROKEN: {ASSIGNMENT: broken},
+            sid: {ASSIGNMENT: wrong}}
 
 
 def _config(root: Path):
@@ -192,24 +205,26 @@ def bare_autograde(root: Path, student: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def course_command_rows(tmp_path_factory):
-    """The course command on the three submissions: its gradebook rows."""
+    """The course command on the four submissions: its gradebook rows and its judge server's counts."""
     base = tmp_path_factory.getbasetemp()
     root = fresh_course(tmp_path_factory.mktemp("cmd") / "course", base)
     folder = write_submissions(root / "custom_submissions", _submissions())
+    judge_server.LAST.clear()
     run = pipeline.run_class(folder, root=root, db_url=own_db(root), names=[ASSIGNMENT], fresh=False,
                              regenerate=False)
     assert all(r.ok for r in run.runs), [(r.student, r.reason, r.log_tail[-2000:]) for r in run.runs]
-    return root, run, gradebook_rows(own_db(root), ASSIGNMENT)
+    return root, run, gradebook_rows(own_db(root), ASSIGNMENT), dict(judge_server.LAST)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_bare_nbgrader_autograde_gives_the_course_commands_grades(course_command_rows, tmp_path_factory):
-    cmd_root, cmd_run, expected = course_command_rows
+    cmd_root, cmd_run, expected, served = course_command_rows
     base = tmp_path_factory.getbasetemp()
     root = fresh_course(tmp_path_factory.mktemp("bare") / "course", base)
-    write_submissions(root / "submitted", _submissions())
-    for student in (CONTROL, HOSTILE, BROKEN):
+    subs = _submissions()
+    write_submissions(root / "submitted", subs)
+    for student in subs:
         proc = bare_autograde(root, student)
         assert proc.returncode == 0, (student, proc.stdout[-3000:], proc.stderr[-3000:])
     got = gradebook_rows(own_db(root), ASSIGNMENT)
@@ -246,6 +261,18 @@ def test_bare_nbgrader_autograde_gives_the_course_commands_grades(course_command
             assert auto == max_score and manual is None
         for gid in graded_tests[NB2]:
             assert rows[(BROKEN, NB2, gid)][0] == 0 and rows[(BROKEN, NB2, gid)][1] == 0.0
+        # the wrong answer loses the tests its recipe says it fails, and only by the autograder
+        sid, m = _mistake()
+        for gid in m.fails:
+            auto, manual, max_score, _ = rows[(sid, m.notebook, gid)]
+            assert auto == 0 and manual is None and max_score > 0, (sid, gid, rows[(sid, m.notebook, gid)])
+    # the course command judged in its run's server, every hidden test of every student there: no
+    # student's process fell back to judging by itself
+    hidden = sum(1 for name in (NB1, NB2) for gid in graded_tests[name] if gid.startswith("test_"))
+    assert served.get("served", 0) >= hidden * (len(subs) - 1), served  # the broken NB2 runs no tests
+    logs = [os.path.join(d, f) for d, _, files in os.walk(cmd_root) for f in files if f.endswith(".log")]
+    assert len(logs) >= len(subs)
+    assert not [p for p in logs if "judging in this process" in open(p, encoding="utf-8", errors="replace").read()]
     # and cell by cell, flag by flag, comment by comment: the same gradebook
     assert sorted(got) == sorted(expected)
     diff = {k: (expected[k], got[k]) for k in expected if expected[k] != got[k]}
