@@ -65,8 +65,8 @@ def test_text_pairs_live_outside_source_and_release():
 
 
 def test_text_pairs_keep_the_nbgrader_metadata_in_cell_headers():
-    text = (ROOT / "content" / "ppo_objective" / "01_clipped_objective.py").read_text(encoding="utf-8")
-    nb = _course_nb("source/ppo_objective/01_clipped_objective.ipynb")
+    text = (ROOT / "content" / "a1_ppo_objective" / "01_clipped_objective.py").read_text(encoding="utf-8")
+    nb = _course_nb("source/a1_ppo_objective/01_clipped_objective.ipynb")
     test = next(c for c in nb.cells if authoring.is_test_cell(c))
     meta = test.metadata["nbgrader"]
     header = next(line for line in text.splitlines() if f'"grade_id": "{meta["grade_id"]}"' in line)
@@ -99,18 +99,18 @@ def _as_jupyter_saves_it(nb):
 
 
 def test_normalise_removes_what_jupyter_adds_and_keeps_the_rest():
-    nb = _course_nb("source/ppo_objective/01_clipped_objective.ipynb")
+    nb = _course_nb("source/a1_ppo_objective/01_clipped_objective.ipynb")
     saved = _as_jupyter_saves_it(nb)
     assert authoring.normalised_text(saved) != nbformat.writes(saved) + "\n"
-    assert authoring.normalised_text(saved) == (ROOT / "source/ppo_objective/01_clipped_objective.ipynb").read_text(
+    assert authoring.normalised_text(saved) == (ROOT / "source/a1_ppo_objective/01_clipped_objective.ipynb").read_text(
         encoding="utf-8")
     assert authoring.normalise(saved).metadata["kernelspec"]["name"] == "python3"
 
 
 def test_pre_save_hook_normalises_course_notebooks_only():
-    nb = _as_jupyter_saves_it(_course_nb("source/ppo_rlhf/01_losses.ipynb"))
+    nb = _as_jupyter_saves_it(_course_nb("source/a2_ppo_rlhf/01_losses.ipynb"))
     model = {"type": "notebook", "content": copy.deepcopy(nb)}
-    authoring.pre_save_hook(model, "source/ppo_rlhf/01_losses.ipynb")
+    authoring.pre_save_hook(model, "source/a2_ppo_rlhf/01_losses.ipynb")
     assert "language_info" not in model["content"].metadata
     assert all(c.get("outputs", []) == [] for c in model["content"].cells)
     scratch = {"type": "notebook", "content": copy.deepcopy(nb)}
@@ -125,14 +125,14 @@ def test_release_saved_by_jupyterlab_is_still_in_sync(tmp_path):
     for name in ("nbgrader_config.py", "source", "release"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, course / name)
-    nb_path = course / "release" / "ppo_objective" / "01_clipped_objective.ipynb"
+    nb_path = course / "release" / "a1_ppo_objective" / "01_clipped_objective.ipynb"
     nb = nbformat.read(nb_path, as_version=4)
     nb_path.write_text(nbformat.writes(_as_jupyter_saves_it(nb)), encoding="utf-8")
     assert release.release_diff(course) == []
     # a real change still shows
     nb.cells[0].source += "\nA sentence a student should not see here."
     nb_path.write_text(nbformat.writes(nb), encoding="utf-8")
-    assert release.release_diff(course) == ["ppo_objective/01_clipped_objective.ipynb"]
+    assert release.release_diff(course) == ["a1_ppo_objective/01_clipped_objective.ipynb"]
 
 
 def test_jupyter_instructor_config_sets_the_hook():
@@ -145,7 +145,7 @@ def test_jupyter_instructor_config_sets_the_hook():
 # ------------------------------------------------------------------------------------------------
 # each lint rule fires (on a copy of a real notebook with one thing broken)
 
-BASE = "source/ppo_objective/01_clipped_objective.ipynb"
+BASE = "source/a1_ppo_objective/01_clipped_objective.ipynb"
 
 
 @pytest.fixture()
@@ -245,12 +245,12 @@ def test_pairs_detect_an_edit_on_either_side(tmp_path):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, course / name)
     assert authoring.pair_diff(course) == []
-    py = course / "content" / "ppo_rlhf" / "01_losses.py"
+    py = course / "content" / "a2_ppo_rlhf" / "01_losses.py"
     py.write_text(py.read_text(encoding="utf-8").replace("# %%", "# %%\nx = 1\n\n# %%", 1), encoding="utf-8")
-    assert authoring.pair_diff(course) == ["source/ppo_rlhf/01_losses.ipynb: its text pair "
-                                           "content/ppo_rlhf/01_losses.py is out of sync"]
+    assert authoring.pair_diff(course) == ["source/a2_ppo_rlhf/01_losses.ipynb: its text pair "
+                                           "content/a2_ppo_rlhf/01_losses.py is out of sync"]
     authoring.write_pairs(course)
     assert authoring.pair_diff(course) == []
-    (course / "content" / "ppo_rlhf" / "99_gone.py").write_text("# %%\n", encoding="utf-8")
+    (course / "content" / "a2_ppo_rlhf" / "99_gone.py").write_text("# %%\n", encoding="utf-8")
     assert any("no notebook" in p for p in authoring.pair_diff(course))
-    assert json.loads((course / "source/ppo_rlhf/01_losses.ipynb").read_text())["nbformat"] == 4
+    assert json.loads((course / "source/a2_ppo_rlhf/01_losses.ipynb").read_text())["nbformat"] == 4

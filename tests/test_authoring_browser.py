@@ -7,7 +7,7 @@ pre-save hook) and the server's root is the copy (jupytext finds the copy's ``ju
 The repository itself is never written.
 
 * ``test_points_changed_in_create_assignment_panel``: opens
-  ``source/ppo_objective/01_clipped_objective.ipynb``, opens nbgrader's Create Assignment panel
+  ``source/a1_ppo_objective/01_clipped_objective.ipynb``, opens nbgrader's Create Assignment panel
   in the right sidebar, selects the test cell ``test_ppo_surrogate``, changes its points from 6
   to 7 in the panel and saves with Ctrl+S. Then, from the copy's files: the notebook's metadata
   says 7; jupytext rewrote the paired ``content/.../01_clipped_objective.py`` with ``"points": 7``
@@ -21,7 +21,7 @@ The repository itself is never written.
   byte-identical to before (the server did write both), and the lint and pair checks find
   nothing new.
 
-Only the copy's assignment ``ppo_objective`` has to be clean beforehand; findings elsewhere in the
+Only the copy's assignment ``a1_ppo_objective`` has to be clean beforehand; findings elsewhere in the
 copy (work in progress) are taken as the baseline. Waits are on the page's state (panel widgets,
 the tab's modified mark) and on the files, never fixed sleeps; autosave is off so the only save
 is the test's.
@@ -47,7 +47,7 @@ from rlhf_lab.instructor import authoring
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
-ASSIGNMENT = "ppo_objective"
+ASSIGNMENT = "a1_ppo_objective"
 NOTEBOOK = f"source/{ASSIGNMENT}/01_clipped_objective.ipynb"
 PAIR = f"content/{ASSIGNMENT}/01_clipped_objective.py"
 GRADE_ID = "test_ppo_surrogate"

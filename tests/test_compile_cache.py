@@ -104,7 +104,7 @@ def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp
     # kernels of tests running beside this one (their copies come and go meanwhile) are not counted
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
-    assignment = "ppo_objective"
+    assignment = "a1_ppo_objective"
     root = fresh_course(tmp_path / "course", session_base(tmp_path_factory))
     seed = compile_cache.seed_dir(root, assignment)
     result = compile_cache.ensure_seed(root, assignment)

@@ -12,7 +12,7 @@ import pytest
 from course_support import REPO, course_template_dir, fresh_course, own_db, session_base  # noqa: F401
 from rlhf_lab.instructor import exchange, integrity, pipeline
 
-A = "ppo_objective"
+A = "a1_ppo_objective"
 STUDENT_CONFIG = REPO / "jupyter" / "student"
 
 
@@ -132,7 +132,7 @@ def test_release_puts_the_release_into_the_course_exchange_only(loop):
     root, ex = loop["root"], loop["exchange"]
     outbound = ex / pipeline.COURSE_ID / "outbound" / A
     assert sorted(p.name for p in outbound.glob("*.ipynb")) == sorted(p.name for p in (root / "release" / A).glob("*.ipynb"))
-    assert "Released as: rlhf-ppo ppo_objective" in loop["release"].output
+    assert "Released as: rlhf-ppo a1_ppo_objective" in loop["release"].output
     assert "WARNING" not in loop["release"].output  # no permission fix-ups, no system folder created
     assert stat.S_IMODE((ex / pipeline.COURSE_ID / "inbound").stat().st_mode) & 0o733 == 0o733
 
@@ -141,7 +141,7 @@ def test_release_puts_the_release_into_the_course_exchange_only(loop):
 def test_students_fetch_exactly_the_release(loop):
     for sid in loop["homes"]:
         assert loop[f"fetched {sid}"] == sorted(p.name for p in (REPO / "release" / A).glob("*.ipynb"))
-        assert "Fetched as: rlhf-ppo ppo_objective" in loop[f"fetch {sid}"].output
+        assert "Fetched as: rlhf-ppo a1_ppo_objective" in loop[f"fetch {sid}"].output
 
 
 @pytest.mark.slow
@@ -154,7 +154,7 @@ def test_each_submission_is_filed_under_its_student(loop):
         files = sorted(p.name for p in (loop["exchange"] / pipeline.COURSE_ID / "inbound" / name).iterdir())
         assert {"timestamp.txt", "submission_secret.txt"} <= set(files)
     for sid in loop["homes"]:
-        assert f"Submitted as: rlhf-ppo ppo_objective" in loop[f"submit {sid}"].output
+        assert f"Submitted as: rlhf-ppo a1_ppo_objective" in loop[f"submit {sid}"].output
 
 
 @pytest.mark.slow
@@ -167,7 +167,7 @@ def test_collect_brings_each_student_s_latest_work_into_submitted(loop):
         for nb in (REPO / "examples" / "submissions" / sid / A).glob("*.ipynb"):
             assert (dest / nb.name).read_bytes() == nb.read_bytes(), (sid, nb.name)
         assert (dest / "timestamp.txt").read_text().endswith("UTC")
-    assert "Collecting submission: ada_correct ppo_objective" in loop["collect"].output
+    assert "Collecting submission: ada_correct a1_ppo_objective" in loop["collect"].output
     assert "cheating attempt" not in loop["collect"].output
     # the pre-flight of a real exchange submission has nothing to say about nbgrader's own files
     report = integrity.preflight(A, root, write=False)

@@ -26,7 +26,7 @@ from rlhf_lab.sweep import sweep_grid
 from rlhf_lab.trainer import TRACE_COUNTS, PPOConfig, lesson_rewards, train
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOK = REPO / "source" / "ppo_explorer" / "explorer.ipynb"
+NOTEBOOK = REPO / "source" / "a2c_ppo_explorer" / "explorer.ipynb"
 LESSON = dict(beta=0.2, epsilon=0.2, learning_rate=0.15, epochs=3, batch_size=128, iterations=40, seed=11)
 
 

@@ -1,7 +1,7 @@
 """The PPO explorer in a real JupyterLab, driven by headless Chromium with the keyboard.
 
 Starts ``jupyter lab`` (from this virtual environment) on 127.0.0.1 with a random free port and a
-random token, serving a temporary copy of ``source/ppo_explorer/explorer.ipynb``; opens it in the
+random token, serving a temporary copy of ``source/a2c_ppo_explorer/explorer.ipynb``; opens it in the
 system Chromium through Playwright (never a downloaded browser), runs all cells from the Run menu,
 waits for the widgets, then moves the beta slider and afterwards the epsilon slider with the arrow
 keys. After each move the readout's numbers must change and equal what ``rlhf_lab`` computes, in
@@ -29,7 +29,7 @@ from rlhf_lab.trainer import PPOConfig, lesson_rewards, train
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(420)]
 
-NOTEBOOK = REPO / "source" / "ppo_explorer" / "explorer.ipynb"
+NOTEBOOK = REPO / "source" / "a2c_ppo_explorer" / "explorer.ipynb"
 LESSON = dict(beta=0.2, epsilon=0.2, learning_rate=0.15, epochs=3, batch_size=128, iterations=40, seed=11)
 PARAM_ATTRS = {  # readout data-* attribute (camelCase in dataset) -> PPOConfig field, type
     "beta": ("beta", float), "epsilon": ("epsilon", float), "learningRate": ("learning_rate", float),

@@ -12,7 +12,7 @@ from course_support import REPO, course_template_dir, fresh_course, own_db, sess
 from rlhf_lab.instructor import exchange, pipeline
 from rlhf_lab.instructor.feedback_filter import AWAITING, float_filter, is_awaiting, round_filter
 
-A = "ppo_objective"
+A = "a1_ppo_objective"
 _FORMGRADER = os.path.join(os.path.dirname(__import__("nbgrader").__file__), "server_extensions", "formgrader")
 NBGRADER_TEMPLATES = os.path.join(_FORMGRADER, "templates")
 BOOTSTRAP_CSS = os.path.join(_FORMGRADER, "static", "node_modules", "bootstrap", "dist", "css")
@@ -57,7 +57,7 @@ def test_nbgraders_template_says_awaiting_grading_for_a_pending_answer_and_numbe
 # ------------------------------------------------------------ the real course, one graded student
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """ada_correct's ppo_objective autograded in a fresh course; nothing graded by hand yet."""
+    """ada_correct's a1_ppo_objective autograded in a fresh course; nothing graded by hand yet."""
     import shutil
 
     root = fresh_course(tmp_path_factory.mktemp("hold") / "course", session_base(tmp_path_factory))

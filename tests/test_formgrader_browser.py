@@ -1,6 +1,6 @@
 """Formgrader's Autograde button gives the course command's grades, in a real browser.
 
-A copy of the course with two submissions of ``ppo_objective`` in ``submitted/``: a correct
+A copy of the course with two submissions of ``a1_ppo_objective`` in ``submitted/``: a correct
 control and a hostile one in which a locked read-only cell was unlocked, edited and moved to the
 end of the notebook (the integrity pre-flight withholds the tests after its place). A real JupyterLab (the venv's, on 127.0.0.1,
 started and stopped by the test, see ``browser_support.py``) serves the copy; headless Debian

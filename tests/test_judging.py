@@ -25,7 +25,7 @@ from rlhf_lab.judging.core import GradingError, Jax, Key, LocalStudent, Source
 ROOT = Path(__file__).resolve().parents[1]
 REF = core.library_reference()
 #: The checks of the two bandit assignments (the sequence assignment's checks have their own tests).
-BANDIT = sorted(n for n, c in CHECKS.items() if c.assignment in ("ppo_objective", "ppo_rlhf"))
+BANDIT = sorted(n for n, c in CHECKS.items() if c.assignment in ("a1_ppo_objective", "a2_ppo_rlhf"))
 
 
 def _run(name, namespace, seed=0):
@@ -229,9 +229,9 @@ def test_every_test_cell_has_one_check_and_a_one_line_hidden_region():
 
 
 def test_the_bandit_assignments_have_their_checks():
-    count = {a: sum(CHECKS[n].assignment == a for n in BANDIT) for a in ("ppo_objective", "ppo_rlhf")}
-    assert count["ppo_objective"] == 9, count
-    assert count["ppo_rlhf"] == 22, count
+    count = {a: sum(CHECKS[n].assignment == a for n in BANDIT) for a in ("a1_ppo_objective", "a2_ppo_rlhf")}
+    assert count["a1_ppo_objective"] == 9, count
+    assert count["a2_ppo_rlhf"] == 22, count
 
 
 @pytest.mark.parametrize("name", BANDIT)

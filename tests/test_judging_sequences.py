@@ -1,7 +1,7 @@
-"""The hidden tests of ``ppo_sequences`` (``rlhf_lab.judging.sequences_checks``), outside any notebook.
+"""The hidden tests of ``a3_ppo_sequences`` (``rlhf_lab.judging.sequences_checks``), outside any notebook.
 
 * Every check passes the source notebooks' solutions on several fresh draws.
-* Every mistake recipe of ``examples/mistakes/ppo_sequences.py`` fails the checks it targets with
+* Every mistake recipe of ``examples/mistakes/a3_ppo_sequences.py`` fails the checks it targets with
   the message that names the mistake, and passes the other checks of its notebook.
 * The fresh inputs cover the edge cases: a response of length 1, a truncated response, EOS and PAD
   apart; junk on padding positions never changes a correct answer.
@@ -22,13 +22,13 @@ from rlhf_lab.judging import CHECKS, core, sequences_checks
 from rlhf_lab.judging.core import GradingError, LocalStudent
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE = REPO / "source" / "ppo_sequences"
+SOURCE = REPO / "source" / "a3_ppo_sequences"
 REF = core.library_reference()
-recipes = load_module(REPO / "examples" / "mistakes" / "ppo_sequences.py", "ppo_sequences_mistakes_j")
+recipes = load_module(REPO / "examples" / "mistakes" / "a3_ppo_sequences.py", "ppo_sequences_mistakes_j")
 
 CHECKS_BY_NOTEBOOK: dict[str, list[str]] = {}
 for _name, _check in CHECKS.items():
-    if _check.assignment == "ppo_sequences":
+    if _check.assignment == "a3_ppo_sequences":
         CHECKS_BY_NOTEBOOK.setdefault(_check.notebook, []).append(_name)
 
 

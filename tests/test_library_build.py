@@ -263,12 +263,12 @@ def test_the_sequence_notebooks_builds_lack_what_their_students_write():
     lib = lb._installed_library()
     for nb, absent in (("01_masks_and_sft", {"masked_nll", "sequence_logprob"}),
                        ("03_loop_and_analysis", {"expected_estimates"})):
-        given = lb.given_names(REPO / "source" / "ppo_sequences" / f"{nb}.ipynb")
+        given = lb.given_names(REPO / "source" / "a3_ppo_sequences" / f"{nb}.ipynb")
         given = {p for p in given if p[0] in lb._module_files(lib)}
-        plan = lb.plan_build(lib, lb.names_for("ppo_sequences", nb), given)
+        plan = lb.plan_build(lib, lb.names_for("a3_ppo_sequences", nb), given)
         assert absent <= {name for _, name in plan.removed}, (nb, plan.removed)
-    given = lb.given_names(REPO / "source" / "ppo_sequences" / "02_ppo_pieces.ipynb")
-    plan = lb.plan_build(lib, lb.names_for("ppo_sequences", "02_ppo_pieces"),
+    given = lb.given_names(REPO / "source" / "a3_ppo_sequences" / "02_ppo_pieces.ipynb")
+    plan = lb.plan_build(lib, lb.names_for("a3_ppo_sequences", "02_ppo_pieces"),
                          {p for p in given if p[0] in lb._module_files(lib)})
     assert "sequences" not in plan.modules  # nothing given imports it: gae & co. are not there at all
 
@@ -282,7 +282,7 @@ DELEGATED_GAE = '''def gae(rewards, values, mask, gamma, lam):
 
 @pytest.mark.slow
 def test_an_answer_that_hands_gae_to_the_library_loses_exactly_the_gae_points(tmp_path, tmp_path_factory):
-    """Real sandboxed nbgrader autograde of ppo_sequences/02: the kernel's library build has no
+    """Real sandboxed nbgrader autograde of a3_ppo_sequences/02: the kernel's library build has no
     rlhf_lab.sequences (the notebook's given code never imports it), so the borrowed gae fails the
     two GAE checks and nothing else; the same notebook with its own gae keeps every point."""
     from course_support import fresh_course, own_db, session_base
@@ -290,23 +290,23 @@ def test_an_answer_that_hands_gae_to_the_library_loses_exactly_the_gae_points(tm
 
     root = fresh_course(tmp_path / "course", session_base(tmp_path_factory))
     nb_name = "02_ppo_pieces"
-    correct = correct_submission("ppo_sequences")[nb_name]
+    correct = correct_submission("a3_ppo_sequences")[nb_name]
     for student, nb in (("ok_own_gae", correct), ("zz_borrowed_gae", replace_cell(correct, "gae_answer", DELEGATED_GAE))):
-        folder = root / "submitted" / student / "ppo_sequences"
+        folder = root / "submitted" / student / "a3_ppo_sequences"
         folder.mkdir(parents=True)
         nbformat.write(nb, str(folder / f"{nb_name}.ipynb"))
-        run = pipeline.autograde_student("ppo_sequences", student, root, db_url=own_db(root))
+        run = pipeline.autograde_student("a3_ppo_sequences", student, root, db_url=own_db(root))
         assert run.ok, (student, run.reason, run.log_tail[-2000:])
     grades = pipeline.read_grades(root, own_db(root))
-    own = {g: c for g, c in grades.by_cell("ok_own_gae", "ppo_sequences").items() if c.notebook == nb_name}
-    borrowed = {g: c for g, c in grades.by_cell("zz_borrowed_gae", "ppo_sequences").items() if c.notebook == nb_name}
+    own = {g: c for g, c in grades.by_cell("ok_own_gae", "a3_ppo_sequences").items() if c.notebook == nb_name}
+    borrowed = {g: c for g, c in grades.by_cell("zz_borrowed_gae", "a3_ppo_sequences").items() if c.notebook == nb_name}
     tests = [g for g, c in own.items() if c.kind == "test"]
     assert tests and all(own[g].score == own[g].max_score for g in tests), {g: own[g].score for g in tests}
     lost = {g for g in tests if borrowed[g].score != borrowed[g].max_score}
     assert lost == {"test_seq_gae", "test_seq_gae_edges"}, {g: borrowed[g].score for g in tests}
     assert all(borrowed[g].score == 0 for g in lost)
     # the judge's verdict on the GAE checks: the kernel's library has no rlhf_lab.sequences at all
-    graded = nbformat.read(str(root / "autograded" / "zz_borrowed_gae" / "ppo_sequences" / f"{nb_name}.ipynb"), as_version=4)
+    graded = nbformat.read(str(root / "autograded" / "zz_borrowed_gae" / "a3_ppo_sequences" / f"{nb_name}.ipynb"), as_version=4)
     cell = next(c for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_seq_gae")
     errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     assert errors and "No module named 'rlhf_lab.sequences'" in errors[0]["evalue"], errors

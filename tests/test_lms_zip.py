@@ -10,7 +10,7 @@ import pytest
 from course_support import REPO
 from rlhf_lab.instructor import lms, pipeline
 
-A = "ppo_objective"
+A = "a1_ppo_objective"
 NOTEBOOKS = pipeline.notebooks(A, REPO, where="release")
 ROSTER = ("id,first_name,last_name,email,lms_user_id\n"
           "ada_correct,Ada,Okafor,ada@example.edu,40101\n"

@@ -170,7 +170,7 @@ def test_demo_command_grades_prints_the_tables_and_resumes_only_what_is_unfinish
 
     work = tmp_path / "course"
     shutil.copytree(course_template_dir / ".cache", work / ".cache")  # the session's seeds (same key)
-    a, students = "ppo_objective", ["ada_correct", "cy_dropped_signed_min"]
+    a, students = "a1_ppo_objective", ["ada_correct", "cy_dropped_signed_min"]
     cmd = [sys.executable, "-m", "rlhf_lab.demo", "--workdir", str(work), "--assignment", a]
     cmd += [f"--student={s}" for s in students]
     env = {k: v for k, v in os.environ.items() if k != "RLHF_COURSE_DB"}

@@ -35,7 +35,7 @@ from course_support import REPO, correct_submission, fresh_course, mistakes, own
 
 from rlhf_lab.instructor import integrity, judge_server, pipeline
 
-ASSIGNMENT = "ppo_objective"
+ASSIGNMENT = "a1_ppo_objective"
 NB1 = "01_clipped_objective"
 NB2 = "02_kl_penalty_and_review"
 MOVED = "show_table"  # a locked given cell of NB1 that the hostile unlocks, edits and moves to the end

@@ -22,7 +22,7 @@ def imported(tmp_path_factory):
     root = pipeline.copy_course(tmp_path_factory.mktemp("roster") / "course", REPO, include=("nbgrader_config.py",))
     db = "sqlite:///" + str(root / "gradebook.db")
     roster.import_roster(ROSTER, root, db)
-    run = pipeline.run_nbgrader(["db", "assignment", "add", "ppo_objective"], root, db)
+    run = pipeline.run_nbgrader(["db", "assignment", "add", "a1_ppo_objective"], root, db)
     assert run.ok, run.output[-2000:]
     return root, db
 

@@ -1,9 +1,9 @@
-"""The ``ppo_objective`` assignment: its source notebooks grade right answers right and wrong ones wrong.
+"""The ``a1_ppo_objective`` assignment: its source notebooks grade right answers right and wrong ones wrong.
 
 * The notebooks follow the course's authoring rules (``tests/test_authoring.py``: points, cell kinds).
 * Each source notebook, executed with nbclient with its solutions in place, passes every test cell
   without writing to stderr (nbgrader scores a test cell that writes to stderr zero).
-* Every mistake recipe of ``examples/mistakes/ppo_objective.py`` substituted for its solution cell
+* Every mistake recipe of ``examples/mistakes/a1_ppo_objective.py`` substituted for its solution cell
   (in memory) fails exactly the test cells it targets, with the diagnostic message, and keeps the
   other test cells' points.
 * ``nbgrader generate_assignment`` strips solutions, hidden tests and rubrics from the release.
@@ -31,10 +31,10 @@ from nbclient import NotebookClient
 from course_support import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "source" / "ppo_objective"
+SOURCE = ROOT / "source" / "a1_ppo_objective"
 
 
-RECIPES = load_module(ROOT / "examples" / "mistakes" / "ppo_objective.py", "ppo_objective_mistakes")
+RECIPES = load_module(ROOT / "examples" / "mistakes" / "a1_ppo_objective.py", "ppo_objective_mistakes")
 NB1, NB2 = "01_clipped_objective.ipynb", "02_kl_penalty_and_review.ipynb"
 NOTEBOOKS = (NB1, NB2)
 DISPLAY_ONLY = {"show_table", "ex1_sweep", "show_capped", "show_kl", "show_beta", "show_gradients",
@@ -166,7 +166,7 @@ def test_classic_mistakes_are_bundled():
 
 
 def test_release_strips_solutions_hidden_tests_and_rubrics(tmp_path):
-    shutil.copytree(SOURCE, tmp_path / "source" / "ppo_objective")
+    shutil.copytree(SOURCE, tmp_path / "source" / "a1_ppo_objective")
     (tmp_path / "nbgrader_config.py").write_text(
         "c = get_config()\n"
         "c.CourseDirectory.course_id = 'rlhf-ppo'\n"
@@ -174,12 +174,12 @@ def test_release_strips_solutions_hidden_tests_and_rubrics(tmp_path):
         f"c.CourseDirectory.db_url = 'sqlite:///{tmp_path / 'gradebook.db'}'\n")
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     nbgrader = str(Path(sys.executable).parent / "nbgrader")
-    proc = subprocess.run([nbgrader, "generate_assignment", "ppo_objective", "--force", "--no-db"], cwd=tmp_path, env=env,
+    proc = subprocess.run([nbgrader, "generate_assignment", "a1_ppo_objective", "--force", "--no-db"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in NOTEBOOKS:
         source = nbformat.read(SOURCE / name, as_version=4)
-        text = (tmp_path / "release" / "ppo_objective" / name).read_text(encoding="utf-8")
+        text = (tmp_path / "release" / "a1_ppo_objective" / name).read_text(encoding="utf-8")
         release = nbformat.reads(text, as_version=4)
         for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "Rubric", "grading.rng",
                        "grading.call", "_trusted", "Full credit"):

@@ -1,11 +1,11 @@
-"""The source notebooks of ``ppo_rlhf``: structure, solutions pass, classic mistakes fail.
+"""The source notebooks of ``a2_ppo_rlhf``: structure, solutions pass, classic mistakes fail.
 
 * Structure (no kernel): generation is deterministic, every notebook starts with the locked
   ``grading.start()`` cell, graded cells carry points that add up to the stated total, every test
   cell says what it checks and has a hidden block, each experiment is preceded by a prediction.
 * Execution (one Jupyter kernel per notebook, shared by every run of that notebook): the source
   notebook with its solutions passes every test cell; with nbgrader's release stubs in place of
-  the solutions every test cell fails; and each mistake recipe of ``examples/mistakes/ppo_rlhf.py``
+  the solutions every test cell fails; and each mistake recipe of ``examples/mistakes/a2_ppo_rlhf.py``
   (clip without the signed min, recomputed old log probs, KL against the old policy, missing
   stop_gradient, hard-coded numbers, delegation to ``rlhf_lab``, ...) fails exactly the test cells
   it targets, with the intended message, and passes the rest.
@@ -32,9 +32,9 @@ _nbgrader, _grade_id, _is_test, _test_ids = nbgrader_meta, grade_id, is_test, gr
 REPO = Path(__file__).resolve().parents[1]
 
 
-recipes = load_module(REPO / "examples" / "mistakes" / "ppo_rlhf.py", "ppo_rlhf_mistakes")
+recipes = load_module(REPO / "examples" / "mistakes" / "a2_ppo_rlhf.py", "ppo_rlhf_mistakes")
 
-NOTEBOOKS = {p.name: nbformat.read(p, as_version=4) for p in sorted((REPO / "source" / "ppo_rlhf").glob("*.ipynb"))}
+NOTEBOOKS = {p.name: nbformat.read(p, as_version=4) for p in sorted((REPO / "source" / "a2_ppo_rlhf").glob("*.ipynb"))}
 NAMES = list(NOTEBOOKS)
 
 

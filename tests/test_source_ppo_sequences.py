@@ -1,11 +1,11 @@
-"""The source notebooks of ``ppo_sequences``: structure, solutions pass, classic mistakes fail.
+"""The source notebooks of ``a3_ppo_sequences``: structure, solutions pass, classic mistakes fail.
 
 * Structure (no kernel): every notebook starts with the locked ``grading.start()`` cell, graded
   cells are well formed, every experiment follows a prediction, plots label their axes with units,
   the recipes target real cells and cover every classic mistake of the assignment.
 * Execution (one Jupyter kernel per notebook, shared by its runs; marked slow): the source
   notebook passes every test cell; nbgrader's release stubs fail every test cell; each mistake
-  recipe of ``examples/mistakes/ppo_sequences.py`` fails exactly its target test cells with its
+  recipe of ``examples/mistakes/a3_ppo_sequences.py`` fails exactly its target test cells with its
   message and passes the rest (classic recipes as nbgrader runs them, every recipe hidden-only).
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ _nbgrader, _grade_id, _is_test, _test_ids = nbgrader_meta, grade_id, is_test, gr
 REPO = Path(__file__).resolve().parents[1]
 
 
-recipes = load_module(REPO / "examples" / "mistakes" / "ppo_sequences.py", "ppo_sequences_mistakes")
+recipes = load_module(REPO / "examples" / "mistakes" / "a3_ppo_sequences.py", "ppo_sequences_mistakes")
 
 NOTEBOOKS = {p.name: nbformat.read(p, as_version=4)
-             for p in sorted((REPO / "source" / "ppo_sequences").glob("*.ipynb"))}
+             for p in sorted((REPO / "source" / "a3_ppo_sequences").glob("*.ipynb"))}
 NAMES = list(NOTEBOOKS)
 
 

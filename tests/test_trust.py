@@ -22,7 +22,7 @@ Slow tests grade for real:
   graded a second time from scratch in a fresh course copy; that run is killed after two students
   (every process of it, SIGKILL), the grades already written are checked, the run is resumed (it
   grades only what is missing) and the final grades must equal the first run's, cell by cell.
-  The second run covers ``ppo_objective`` for the first ``RLHF_TRUST_REGRADE_STUDENTS`` (default 4)
+  The second run covers ``a1_ppo_objective`` for the first ``RLHF_TRUST_REGRADE_STUDENTS`` (default 4)
   students by id; ``RLHF_TRUST_FULL_CLASS=1`` makes it cover both assignments of those students.
 """
 from __future__ import annotations
@@ -97,10 +97,10 @@ def test_duplicated_cells_and_changed_types_are_repaired_and_the_rest_is_graded(
 
     from fixtures import submissions
 
-    nb = submissions.correct_submission("ppo_objective", REPO)[hostile.NB]
-    specs = integrity.release_specs(REPO, "ppo_objective")
+    nb = submissions.correct_submission("a1_ppo_objective", REPO)[hostile.NB]
+    specs = integrity.release_specs(REPO, "a1_ppo_objective")
     spec = specs[hostile.NB_FILE]
-    checker = integrity._Checker(REPO, "ppo_objective", specs, {}, quarantine=False)
+    checker = integrity._Checker(REPO, "a1_ppo_objective", specs, {}, quarantine=False)
     idx = {c.metadata.get("nbgrader", {}).get("grade_id"): i for i, c in enumerate(nb.cells)}
 
     def structure(notebook):
@@ -108,7 +108,7 @@ def test_duplicated_cells_and_changed_types_are_repaired_and_the_rest_is_graded(
                  c.metadata.get("nbgrader", {}).get("locked")) for c in notebook.cells
                 if c.metadata.get("nbgrader", {}).get("grade_id")]
 
-    release = nbformat.read(str(REPO / "release" / "ppo_objective" / hostile.NB_FILE), as_version=4)
+    release = nbformat.read(str(REPO / "release" / "a1_ppo_objective" / hostile.NB_FILE), as_version=4)
     want = structure(release)
 
     def copied(gid, where):
@@ -147,9 +147,9 @@ def test_duplicated_cells_and_changed_types_are_repaired_and_the_rest_is_graded(
 def test_a_display_magic_above_the_first_locked_cell_only_warns():
     from fixtures import submissions
 
-    nb = submissions.correct_submission("ppo_objective", REPO)[hostile.NB]
-    specs = integrity.release_specs(REPO, "ppo_objective")
-    checker = integrity._Checker(REPO, "ppo_objective", specs, {}, quarantine=False)
+    nb = submissions.correct_submission("a1_ppo_objective", REPO)[hostile.NB]
+    specs = integrity.release_specs(REPO, "a1_ppo_objective")
+    checker = integrity._Checker(REPO, "a1_ppo_objective", specs, {}, quarantine=False)
     for source, code in (("%matplotlib widget", "magic-before-start"), ("x = 1", "code-before-start")):
         top = nbformat.v4.new_code_cell(source)
         top["id"] = "top-cell"
@@ -161,23 +161,23 @@ def test_a_display_magic_above_the_first_locked_cell_only_warns():
 
 def test_symlinks_and_fifos_are_moved_out_as_they_are_never_followed(tmp_path):
     root = pipeline.copy_course(tmp_path / "course", REPO)
-    folder = root / "submitted" / "s1" / "ppo_objective"
+    folder = root / "submitted" / "s1" / "a1_ppo_objective"
     folder.mkdir(parents=True)
-    shutil.copyfile(HOSTILE / "h00_control_correct" / "ppo_objective" / hostile.NB_FILE, folder / hostile.NB_FILE)
+    shutil.copyfile(HOSTILE / "h00_control_correct" / "a1_ppo_objective" / hostile.NB_FILE, folder / hostile.NB_FILE)
     secret = tmp_path / "secret.txt"
     secret.write_text("instructor only")
     os.symlink(secret, folder / "notes.txt")
     os.symlink(root / "source", folder / "src")
     os.mkfifo(folder / "pipe")
-    report = integrity.preflight("ppo_objective", root, ["s1"])
+    report = integrity.preflight("a1_ppo_objective", root, ["s1"])
     codes = [(f.code, f.notebook) for f in report.for_student("s1")]
     assert ("symlink", "notes.txt") in codes and ("symlink", "src") in codes and ("special-file", "pipe") in codes
     assert not [f for f in report.blocking("s1") if f.notebook == hostile.NB_FILE]
     left = sorted(p.name for p in folder.iterdir())
     assert left == [hostile.NB_FILE], left
-    q = root / integrity.QUARANTINE / "s1" / "ppo_objective"
+    q = root / integrity.QUARANTINE / "s1" / "a1_ppo_objective"
     assert (q / "notes.txt").is_symlink() and (q / "src").is_symlink()  # moved as links
-    assert secret.read_text() == "instructor only" and (root / "source" / "ppo_objective").is_dir()
+    assert secret.read_text() == "instructor only" and (root / "source" / "a1_ppo_objective").is_dir()
 
 
 @pytest.mark.parametrize("name, usable", [
@@ -221,27 +221,27 @@ def test_preflight_reports_each_case(preflight_course, case):
 def test_preflight_quarantines_what_must_not_run_and_remembers_why(preflight_course):
     root, reports = preflight_course
     q = root / integrity.QUARANTINE
-    assert (q / "h24_invalid_json" / "ppo_objective" / hostile.NB_FILE).exists()
-    assert (q / "h23_other_assignment" / "ppo_objective" / hostile.NB_FILE).exists()
-    assert (q / "h28_shadow_module" / "ppo_objective" / "numpy.py").exists()
-    assert (q / "h69_symlinks" / "ppo_objective" / "source").is_symlink()
-    assert sorted(p.name for p in (root / "submitted" / "h69_symlinks" / "ppo_objective").iterdir()) == \
+    assert (q / "h24_invalid_json" / "a1_ppo_objective" / hostile.NB_FILE).exists()
+    assert (q / "h23_other_assignment" / "a1_ppo_objective" / hostile.NB_FILE).exists()
+    assert (q / "h28_shadow_module" / "a1_ppo_objective" / "numpy.py").exists()
+    assert (q / "h69_symlinks" / "a1_ppo_objective" / "source").is_symlink()
+    assert sorted(p.name for p in (root / "submitted" / "h69_symlinks" / "a1_ppo_objective").iterdir()) == \
         [hostile.NB_FILE]
     # a notebook nbgrader would refuse (duplicated locked cell) is repaired in place, the original kept
-    assert (q / "h62_duplicated_locked_cell" / "ppo_objective" / (hostile.NB_FILE + ".before-repair")).exists()
-    assert not (root / "submitted" / "h28_shadow_module" / "ppo_objective" / "numpy.py").exists()
-    assert (root / "submitted" / "h28_shadow_module" / "ppo_objective" / hostile.NB_FILE).exists()
+    assert (q / "h62_duplicated_locked_cell" / "a1_ppo_objective" / (hostile.NB_FILE + ".before-repair")).exists()
+    assert not (root / "submitted" / "h28_shadow_module" / "a1_ppo_objective" / "numpy.py").exists()
+    assert (root / "submitted" / "h28_shadow_module" / "a1_ppo_objective" / hostile.NB_FILE).exists()
     # a second pre-flight (the file is gone from submitted/) reports the same problem again
-    again = integrity.preflight("ppo_objective", root, ["h24_invalid_json"])
+    again = integrity.preflight("a1_ppo_objective", root, ["h24_invalid_json"])
     assert "invalid-notebook" in {f.code for f in again.findings}
-    saved = json.loads((root / integrity.REPORT_TEMPLATE.format(assignment="ppo_objective")).read_text(encoding="utf-8"))
-    assert saved["assignment"] == "ppo_objective" and saved["findings"]
+    saved = json.loads((root / integrity.REPORT_TEMPLATE.format(assignment="a1_ppo_objective")).read_text(encoding="utf-8"))
+    assert saved["assignment"] == "a1_ppo_objective" and saved["findings"]
 
 
 # =========================================================================== fast: feedback filter
 def _failing_test_cell():
     """A real test cell from source/ with the error output a failing hidden check produces."""
-    nb = nbformat.read(str(REPO / "source" / "ppo_objective" / "01_clipped_objective.ipynb"), as_version=4)
+    nb = nbformat.read(str(REPO / "source" / "a1_ppo_objective" / "01_clipped_objective.ipynb"), as_version=4)
     cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_ppo_surrogate")
     lines, hidden = feedback_filter.split_hidden(cell.source)
     hidden_line_no = sorted(n for n in hidden if lines[n - 1].strip() and "HIDDEN" not in lines[n - 1])[0]
@@ -389,14 +389,14 @@ def test_one_bad_submission_never_costs_another_student(hostile_run):
         nxt = order[order.index(killer) + 1]
         after = next(c for c in CASES if c.student == nxt)
         assert hostile.verdict(after, hostile_run).ok, f"{nxt}, graded right after {killer}"
-    assert hostile_run.grades.totals[("h00_control_correct", "ppo_objective")][0] >= 15
+    assert hostile_run.grades.totals[("h00_control_correct", "a1_ppo_objective")][0] >= 15
 
 
 @pytest.mark.slow
 def test_every_withheld_grade_has_a_recorded_reason(hostile_run):
     from nbgrader.api import Gradebook
 
-    report = json.loads((hostile_run.root / integrity.REPORT_TEMPLATE.format(assignment="ppo_objective"))
+    report = json.loads((hostile_run.root / integrity.REPORT_TEMPLATE.format(assignment="a1_ppo_objective"))
                         .read_text(encoding="utf-8"))
     by_student = {}
     for f in report["findings"]:
@@ -404,22 +404,22 @@ def test_every_withheld_grade_has_a_recorded_reason(hostile_run):
     overridden = {(o.student, o.notebook, o.grade_id) for o in hostile_run.overrides}
     with Gradebook(hostile_run.db_url, pipeline.COURSE_ID) as gb:
         for case in CASES:
-            if case.assignment != "ppo_objective" or not case.zero or case.student == "h14_hard_coded":
+            if case.assignment != "a1_ppo_objective" or not case.zero or case.student == "h14_hard_coded":
                 continue
             if set(case.zero) <= set(case.auto_zero):
                 continue  # the hidden tests alone gave 0; no override needed
             assert case.student in by_student, case.student
-            snb = gb.find_submission_notebook(hostile.NB, "ppo_objective", case.student)
+            snb = gb.find_submission_notebook(hostile.NB, "a1_ppo_objective", case.student)
             assert snb.flagged, case.student
             comments = " ".join(c.comment or "" for c in snb.comments)
             assert integrity.COMMENT_TAG in comments and case.student in comments, (case.student, comments)
             for key in case.zero:
                 nb, gid = key.split("/")
                 if (case.student, nb, gid) not in overridden:
-                    assert gb.find_grade(gid, nb, "ppo_objective", case.student).auto_score == 0, key
+                    assert gb.find_grade(gid, nb, "a1_ppo_objective", case.student).auto_score == 0, key
     csv_rows = list(csv.DictReader(open(hostile_run.csv_path, newline="", encoding="utf-8")))
-    students = {r["student_id"] for r in csv_rows if r["assignment"] == "ppo_objective"}
-    assert {c.student for c in CASES if c.assignment == "ppo_objective"} <= students  # nobody silently dropped
+    students = {r["student_id"] for r in csv_rows if r["assignment"] == "a1_ppo_objective"}
+    assert {c.student for c in CASES if c.assignment == "a1_ppo_objective"} <= students  # nobody silently dropped
 
 
 @pytest.mark.slow
@@ -427,16 +427,16 @@ def test_feedback_names_the_failed_checks_without_the_hidden_tests(hostile_run):
     leaks = feedback_filter.check_feedback(hostile_run.root / "feedback", hostile_run.root / "source")
     assert not leaks, leaks
     fb = hostile_run.root / "feedback"
-    html = feedback_filter.html_text(fb / "h14_hard_coded" / "ppo_objective" / f"{hostile.NB}.html")
+    html = feedback_filter.html_text(fb / "h14_hard_coded" / "a1_ppo_objective" / f"{hostile.NB}.html")
     # which check failed, and why: the judge's verdict, named as the test cell's failure
     words = " ".join(html.split())
     assert "The test cell failed GradingError: surrogate_table must return" in words and "fresh inputs" in words
     # a patched np.testing decides nothing under the judge: the page gives the judge's verdict on the
     # student's actual answer (the signed min dropped), not a grade the patch produced
-    words = " ".join(feedback_filter.html_text(fb / "h04_patch_np_testing" / "ppo_objective" / f"{hostile.NB}.html").split())
+    words = " ".join(feedback_filter.html_text(fb / "h04_patch_np_testing" / "a1_ppo_objective" / f"{hostile.NB}.html").split())
     assert "GradingError: ppo_surrogate: Clipped the ratio but dropped the signed min" in words
     # a blocking pre-flight finding reaches the student as the withheld cell's comment, in words
-    words = " ".join(feedback_filter.html_text(fb / "h02_test_cell_deleted" / "ppo_objective" / f"{hostile.NB}.html").split())
+    words = " ".join(feedback_filter.html_text(fb / "h02_test_cell_deleted" / "a1_ppo_objective" / f"{hostile.NB}.html").split())
     assert f"{integrity.COMMENT_TAG} Points withheld for instructor review" in words
     assert "'test_ppo_surrogate' was deleted" in words
     n = len(list(fb.rglob("*.html")))
@@ -448,11 +448,11 @@ def test_plain_nbgrader_feedback_would_leak_the_hidden_tests(hostile_run, tmp_pa
     """The leak check can fail: without the filter, nbgrader's own feedback contains hidden lines."""
     root = hostile_run.root
     student = "h14_hard_coded"
-    out = pipeline.run_nbgrader(["generate_feedback", "ppo_objective", "--student", student, "--force",
+    out = pipeline.run_nbgrader(["generate_feedback", "a1_ppo_objective", "--student", student, "--force",
                                  "--GenerateFeedback.preprocessors=['nbgrader.preprocessors.GetGrades']",
                                  f"--CourseDirectory.feedback_directory=plain_feedback"], root)
     assert out.ok, out.output[-2000:]
-    html = root / "plain_feedback" / student / "ppo_objective" / f"{hostile.NB}.html"
+    html = root / "plain_feedback" / student / "a1_ppo_objective" / f"{hostile.NB}.html"
     secrets = feedback_filter.hidden_lines(root / "source")
     assert feedback_filter.leaked_lines(html, secrets)
 
@@ -481,7 +481,7 @@ def test_gradebook_backup_and_export_trace_every_grade_to_a_test_cell(hostile_ru
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
     with open(broken / "grades.csv", "a", encoding="utf-8") as fh:
-        fh.write("ppo_objective,,,intruder,,,,99,0,99,18\n")
+        fh.write("a1_ppo_objective,,,intruder,,,,99,0,99,18\n")
     assert backup.verify_backup(broken, root)
     live = backup.sqlite_file(hostile_run.db_url)
     scratch = tmp_path / "restored.db"
@@ -490,7 +490,7 @@ def test_gradebook_backup_and_export_trace_every_grade_to_a_test_cell(hostile_ru
     from nbgrader.api import Gradebook
 
     with Gradebook(url, pipeline.COURSE_ID) as gb:
-        gb.find_grade("test_ppo_surrogate", hostile.NB, "ppo_objective", "h00_control_correct").manual_score = 1.0
+        gb.find_grade("test_ppo_surrogate", hostile.NB, "a1_ppo_objective", "h00_control_correct").manual_score = 1.0
         gb.db.commit()
     backup.restore(folder, root, url)
     assert backup.cell_rows(url, pipeline.COURSE_ID, root) == backup.cell_rows(hostile_run.db_url, pipeline.COURSE_ID, root)
@@ -504,11 +504,11 @@ def test_regrading_the_hardest_hostile_cases_gives_identical_grades(hostile_run)
     saved = os.environ.get("RLHF_CELL_TIMEOUT")
     os.environ["RLHF_CELL_TIMEOUT"] = CELL_TIMEOUT
     try:
-        runs = pipeline.autograde("ppo_objective", again, hostile_run.root, hostile_run.db_url, force=True)
+        runs = pipeline.autograde("a1_ppo_objective", again, hostile_run.root, hostile_run.db_url, force=True)
     finally:
         os.environ.pop("RLHF_CELL_TIMEOUT") if saved is None else os.environ.__setitem__("RLHF_CELL_TIMEOUT", saved)
     assert all(r.ok for r in runs), [(r.student, r.reason) for r in runs]
-    report = integrity.preflight("ppo_objective", hostile_run.root, again)
+    report = integrity.preflight("a1_ppo_objective", hostile_run.root, again)
     integrity.apply_overrides(report, hostile_run.root, hostile_run.db_url)
     after = {k: v for k, v in _cell_scores(hostile_run.root, hostile_run.db_url).items() if k[0] in again}
     assert after == before and len(before) >= 4 * 5
@@ -522,23 +522,23 @@ def test_backup_of_a_postgresql_gradebook_uses_pg_dump_and_restores(tmp_path):
     from pg_support import create_database, postgres_server
 
     root = pipeline.copy_course(tmp_path / "course", REPO, include=("nbgrader_config.py", "source", "release"))
-    src = nbformat.read(str(root / "source" / "ppo_objective" / f"{hostile.NB}.ipynb"), as_version=4)
+    src = nbformat.read(str(root / "source" / "a1_ppo_objective" / f"{hostile.NB}.ipynb"), as_version=4)
     tests = [(i, c) for i, c in enumerate(src.cells)
              if c.metadata.get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")]
     with postgres_server() as server:
         url = backup.sqlalchemy_url(create_database(server, "grades"))
         with Gradebook(url, pipeline.COURSE_ID) as gb:  # what generate_assignment + autograde record
-            gb.update_or_create_assignment("ppo_objective")
-            gb.add_notebook(hostile.NB, "ppo_objective")
+            gb.update_or_create_assignment("a1_ppo_objective")
+            gb.add_notebook(hostile.NB, "a1_ppo_objective")
             for _, cell in tests:
                 md = cell.metadata["nbgrader"]
-                gb.add_grade_cell(md["grade_id"], hostile.NB, "ppo_objective", max_score=md["points"], cell_type="code")
-                gb.add_source_cell(md["grade_id"], hostile.NB, "ppo_objective", cell_type="code",
+                gb.add_grade_cell(md["grade_id"], hostile.NB, "a1_ppo_objective", max_score=md["points"], cell_type="code")
+                gb.add_source_cell(md["grade_id"], hostile.NB, "a1_ppo_objective", cell_type="code",
                                    locked=True, source=cell.source, checksum=compute_checksum(cell))
             gb.add_student("ana")
-            gb.add_submission("ppo_objective", "ana")
+            gb.add_submission("a1_ppo_objective", "ana")
             for n, (_, cell) in enumerate(tests):
-                g = gb.find_grade(cell.metadata["nbgrader"]["grade_id"], hostile.NB, "ppo_objective", "ana")
+                g = gb.find_grade(cell.metadata["nbgrader"]["grade_id"], hostile.NB, "a1_ppo_objective", "ana")
                 g.auto_score = float(cell.metadata["nbgrader"]["points"]) if n % 2 == 0 else 0.0
             gb.db.commit()
         folder = backup.backup(root, url, tmp_path / "bk")
@@ -551,7 +551,7 @@ def test_backup_of_a_postgresql_gradebook_uses_pg_dump_and_restores(tmp_path):
         assert backup.redact("postgresql://grader:s3cret@host/db") == "postgresql://grader:***@host/db"
         wanted = backup.cell_rows(url, pipeline.COURSE_ID, root)
         with Gradebook(url, pipeline.COURSE_ID) as gb:
-            gb.find_grade(tests[0][1].metadata["nbgrader"]["grade_id"], hostile.NB, "ppo_objective",
+            gb.find_grade(tests[0][1].metadata["nbgrader"]["grade_id"], hostile.NB, "a1_ppo_objective",
                           "ana").manual_score = 0.0
             gb.db.commit()
         assert backup.cell_rows(url, pipeline.COURSE_ID, root) != wanted
@@ -579,11 +579,11 @@ DRIVER = textwrap.dedent("""
     print("FINISHED", flush=True)
 """)
 #: What the second class run regrades. The whole bundled class (both assignments) with
-#: RLHF_TRUST_FULL_CLASS=1; by default ppo_objective, every student who submitted it (the ppo_rlhf
+#: RLHF_TRUST_FULL_CLASS=1; by default a1_ppo_objective, every student who submitted it (the a2_ppo_rlhf
 #: grades of the first run must then survive untouched as well), to keep the suite's runtime sane
 #: on a 2-core machine.
-REGRADE = (["ppo_objective", "ppo_rlhf"] if os.environ.get("RLHF_TRUST_FULL_CLASS") == "1"
-           else ["ppo_objective"])
+REGRADE = (["a1_ppo_objective", "a2_ppo_rlhf"] if os.environ.get("RLHF_TRUST_FULL_CLASS") == "1"
+           else ["a1_ppo_objective"])
 #: How many students (sorted by id, of those who submitted REGRADE[0]) the second run regrades:
 #: enough that the kill after two leaves work to resume, few enough to keep the test near 100 s.
 REGRADE_STUDENTS = int(os.environ.get("RLHF_TRUST_REGRADE_STUDENTS", "4"))
@@ -720,15 +720,15 @@ def test_unaddressable_folder_names_are_rejected_alone_and_the_class_goes_on(tmp
     pre-flight with a readable name; the other students are checked as usual; the report is written."""
     root = pipeline.copy_course(tmp_path / "course", REPO)
     subs = tmp_path / "subs"
-    nb = HOSTILE / "h00_control_correct" / "ppo_objective" / hostile.NB_FILE
+    nb = HOSTILE / "h00_control_correct" / "a1_ppo_objective" / hostile.NB_FILE
     names = ["ok_student", "new\nline", os.fsdecode(b"bad \xff byte"), "doe, jane"]
     for n in names:
-        (subs / n / "ppo_objective").mkdir(parents=True)
-        shutil.copyfile(nb, subs / n / "ppo_objective" / hostile.NB_FILE)
-    os.mkfifo(subs / "ok_student" / "ppo_objective" / "pipe")
-    got = pipeline.collect(subs, root, ["ppo_objective"])
+        (subs / n / "a1_ppo_objective").mkdir(parents=True)
+        shutil.copyfile(nb, subs / n / "a1_ppo_objective" / hostile.NB_FILE)
+    os.mkfifo(subs / "ok_student" / "a1_ppo_objective" / "pipe")
+    got = pipeline.collect(subs, root, ["a1_ppo_objective"])
     assert sorted(s for s, _ in got.collected) == sorted(names)
-    report = integrity.preflight("ppo_objective", root)
+    report = integrity.preflight("a1_ppo_objective", root)
     assert sorted(report.ungradable()) == sorted(["new\nline", os.fsdecode(b"bad \xff byte")])
     for f in report.findings:
         if f.code == "student-id-unusable":
@@ -736,6 +736,6 @@ def test_unaddressable_folder_names_are_rejected_alone_and_the_class_goes_on(tmp
     for ok in ("ok_student", "doe, jane"):  # only the notebook they did not submit is blocked
         assert {f.code for f in report.blocking(ok)} == {"missing-notebook"}
     assert "special-file" in {f.code for f in report.for_student("ok_student")}
-    saved = json.loads((root / integrity.REPORT_TEMPLATE.format(assignment="ppo_objective")).read_text(
+    saved = json.loads((root / integrity.REPORT_TEMPLATE.format(assignment="a1_ppo_objective")).read_text(
         encoding="utf-8"))
     assert sorted(saved["students"]) == sorted(names)

@@ -88,7 +88,7 @@ def render(cases, verdicts, run, seconds: float, workers: int | None) -> str:
         "",
         "*Grade* is the student's score on the targeted notebook's autograded tests after the integrity "
         "overrides (the notebook's other, manually graded answer is not included). "
-        "Unless a case says otherwise the target is `ppo_objective/01_clipped_objective.ipynb` and the "
+        "Unless a case says otherwise the target is `a1_ppo_objective/01_clipped_objective.ipynb` and the "
         "assignment's second notebook was not submitted (so it scores 0 and is listed as missing).",
         "",
     ]

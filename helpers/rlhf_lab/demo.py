@@ -77,7 +77,7 @@ def main(argv=None) -> int:
 
     def progress(run):
         status = "ok" if run.ok else f"FAILED: {run.reason}"
-        print(f"  autograded {run.assignment:<14} {run.student:<28} {run.seconds:6.1f} s  {status}", flush=True)
+        print(f"  autograded {run.assignment:<16} {run.student:<28} {run.seconds:6.1f} s  {status}", flush=True)
         for note in run.notes:
             print(f"      note: {note}", flush=True)
 

@@ -1,7 +1,7 @@
 """Live PPO explorer: ipywidgets sliders that re-run the compiled trainer as beta and epsilon move.
 
-How to call it (the standalone ``source/ppo_explorer`` notebook and the make-it-yours notebook of
-``source/ppo_rlhf`` both use exactly this)::
+How to call it (the standalone ``source/a2c_ppo_explorer`` notebook and the make-it-yours notebook of
+``source/a2_ppo_rlhf`` both use exactly this)::
 
     from rlhf_lab.explorer import PPOExplorer
     explorer = PPOExplorer()

@@ -3,7 +3,7 @@
 Every notebook an autograder runs starts a fresh kernel, and every fresh kernel compiles the same
 XLA programs again: the given cells, the library's reference functions and the hidden tests'
 trusted procedures have the same shapes for every student. On this course that is about 300
-compilations per ``ppo_rlhf`` submission, a third of its grading time.
+compilations per ``a2_ppo_rlhf`` submission, a third of its grading time.
 
 This module removes that cost without letting one student's kernel touch another's:
 

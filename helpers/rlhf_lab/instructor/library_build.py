@@ -51,17 +51,17 @@ GRADER_ONLY = ("judging",)
 #: name when that is a library function); ``tests/test_library_build.py`` re-derives it from the
 #: source notebooks and fails when they disagree.
 MANIFEST: dict[str, tuple[str, ...]] = {
-    "ppo_objective/01_clipped_objective": ("clipped_surrogate",),
-    "ppo_objective/02_kl_penalty_and_review": ("categorical_kl", "regularised_objective"),
-    "ppo_rlhf/01_losses": ("ppo_loss", "preference_loss"),
-    "ppo_rlhf/02_reward_and_reference": ("_fit", "_lesson_rewards_np", "fit_reward", "lesson_rewards"),
-    "ppo_rlhf/03_rollouts": ("_rollout_update", "exact_advantages", "make_train", "run_lesson",
+    "a1_ppo_objective/01_clipped_objective": ("clipped_surrogate",),
+    "a1_ppo_objective/02_kl_penalty_and_review": ("categorical_kl", "regularised_objective"),
+    "a2_ppo_rlhf/01_losses": ("ppo_loss", "preference_loss"),
+    "a2_ppo_rlhf/02_reward_and_reference": ("_fit", "_lesson_rewards_np", "fit_reward", "lesson_rewards"),
+    "a2_ppo_rlhf/03_rollouts": ("_rollout_update", "exact_advantages", "make_train", "run_lesson",
                              "seed_style_train", "sweep_grid", "sweep_seeds", "train", "train_core"),
-    "ppo_rlhf/04_make_it_yours": ("enumerated_baseline_gradient", "exact_reward_gradient", "optimal_logp",
+    "a2_ppo_rlhf/04_make_it_yours": ("enumerated_baseline_gradient", "exact_reward_gradient", "optimal_logp",
                                   "ppo_loss", "regularised_objective", "reward_kl_frontier"),
-    "ppo_sequences/01_masks_and_sft": ("masked_nll", "preference_loss", "response_mask", "sequence_logprob"),
-    "ppo_sequences/02_ppo_pieces": ("gae", "per_token_rewards", "policy_loss", "value_loss", "whiten"),
-    "ppo_sequences/03_loop_and_analysis": ("dpo_loss", "expected_estimates", "group_advantages", "k1", "k2", "k3"),
+    "a3_ppo_sequences/01_masks_and_sft": ("masked_nll", "preference_loss", "response_mask", "sequence_logprob"),
+    "a3_ppo_sequences/02_ppo_pieces": ("gae", "per_token_rewards", "policy_loss", "value_loss", "whiten"),
+    "a3_ppo_sequences/03_loop_and_analysis": ("dpo_loss", "expected_estimates", "group_advantages", "k1", "k2", "k3"),
 }
 
 

@@ -17,5 +17,5 @@ it.
 """
 from . import core, registry  # noqa: F401
 from . import losses, make_it_yours, objective, reward_reference, rollouts  # noqa: F401  (register their checks)
-from . import sequences_checks  # noqa: F401  (ppo_sequences)
+from . import sequences_checks  # noqa: F401  (a3_ppo_sequences)
 from .registry import CHECKS, Check  # noqa: F401

@@ -1,4 +1,4 @@
-"""Checks of ``ppo_rlhf/01_losses``: the Bradley-Terry preference loss and the signed clipped PPO loss."""
+"""Checks of ``a2_ppo_rlhf/01_losses``: the Bradley-Terry preference loss and the signed clipped PPO loss."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ from .procedures import as_jax, fresh_batch
 from .registry import ALL
 from .registry import check as register
 
-A, NB = "ppo_rlhf", "01_losses.ipynb"
+A, NB = "a2_ppo_rlhf", "01_losses.ipynb"
 
 
 @register("test_preference_loss", task="preference_loss", needs=("preference_loss",), forbid=ALL,

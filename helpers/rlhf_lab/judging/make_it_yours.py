@@ -1,8 +1,8 @@
-"""Checks of ``ppo_rlhf/04_make_it_yours``: the baseline experiment, the transfer task, the challenge,
+"""Checks of ``a2_ppo_rlhf/04_make_it_yours``: the baseline experiment, the transfer task, the challenge,
 the interval over seeds and the reward-KL frontier.
 
 The signed clip and the exact KL are given here (the library's ``clipped_surrogate`` and
-``categorical_kl``): they were graded in ``ppo_objective`` and in ``01_losses``.
+``categorical_kl``): they were graded in ``a1_ppo_objective`` and in ``01_losses``.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .core import Jax, check, close, diagnose, equal, pair, to_float
 from .procedures import as_jax
 from .registry import check as register
 
-A, NB = "ppo_rlhf", "04_make_it_yours.ipynb"
+A, NB = "a2_ppo_rlhf", "04_make_it_yours.ipynb"
 
 
 @register("test_score_terms", task="score_terms", needs=("score_terms",),

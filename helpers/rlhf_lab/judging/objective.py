@@ -1,4 +1,4 @@
-"""Checks of the assignment ``ppo_objective`` (the PyTorch module's clipped objective and KL penalty, in JAX)."""
+"""Checks of the assignment ``a1_ppo_objective`` (the PyTorch module's clipped objective and KL penalty, in JAX)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import numpy as np
 from .core import Jax, Source, check, close, equal, matches, to_float
 from .registry import check as register
 
-A = "ppo_objective"
+A = "a1_ppo_objective"
 NB1, NB2 = "01_clipped_objective.ipynb", "02_kl_penalty_and_review.ipynb"
 
 #: The grader's own surrogate (NumPy, float32), handed to the table and the sweep so that a

@@ -1,4 +1,4 @@
-"""Trusted procedures several checks of ``ppo_rlhf`` share: fresh batches, one rollout, a whole run.
+"""Trusted procedures several checks of ``a2_ppo_rlhf`` share: fresh batches, one rollout, a whole run.
 
 Each procedure is built from the reference implementations ``ref`` (``ref.ppo_loss``,
 ``ref.exact_advantages``, ...) and can reproduce the classic mistakes students make, so a check can

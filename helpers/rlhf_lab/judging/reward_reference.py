@@ -1,4 +1,4 @@
-"""Checks of ``ppo_rlhf/02_reward_and_reference``: fitting the reward model, freezing the reference."""
+"""Checks of ``a2_ppo_rlhf/02_reward_and_reference``: fitting the reward model, freezing the reference."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ from .core import Source, check, close, equal, matches, pair
 from .registry import ALL
 from .registry import check as register
 
-A, NB = "ppo_rlhf", "02_reward_and_reference.ipynb"
+A, NB = "a2_ppo_rlhf", "02_reward_and_reference.ipynb"
 FIT_FORBID = ("fit_reward", "_fit", "lesson_rewards", "_lesson_rewards_np")
 
 LESSON_FEATURES = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]], np.float32)

@@ -1,4 +1,4 @@
-"""Checks of ``ppo_rlhf/03_rollouts``: one rollout update, the loop, and the recorded run."""
+"""Checks of ``a2_ppo_rlhf/03_rollouts``: one rollout update, the loop, and the recorded run."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ from .core import Jax, Source, check, close, equal, field, matches, to_float
 from .procedures import LOOP_FORBID, check_update, fresh_update_inputs, trusted_run
 from .registry import check as register
 
-A, NB = "ppo_rlhf", "03_rollouts.ipynb"
+A, NB = "a2_ppo_rlhf", "03_rollouts.ipynb"
 
 #: The recorded run of the lesson (40 rollouts of 128 samples, 3 epochs, beta = epsilon = 0.2).
 RECORDED = {"initial_reward": 0.28191882371902466, "final_reward": 1.9185447692871094,

@@ -1,4 +1,4 @@
-"""Checks of ``ppo_sequences``: RLHF on a tiny language (:mod:`rlhf_lab.sequences`), piece by piece.
+"""Checks of ``a3_ppo_sequences``: RLHF on a tiny language (:mod:`rlhf_lab.sequences`), piece by piece.
 
 Every check draws fresh padded responses (ended by EOS, truncated, of length 1), fresh log-probs,
 scores and hyperparameters, asks the student's function for its answer, computes the expected
@@ -15,7 +15,7 @@ from .core import Jax, check, close, diagnose, field
 from .registry import ALL
 from .registry import check as register
 
-A = "ppo_sequences"
+A = "a3_ppo_sequences"
 NB1, NB2, NB3 = "01_masks_and_sft.ipynb", "02_ppo_pieces.ipynb", "03_loop_and_analysis.ipynb"
 
 #: The default language: content tokens 0-4, EOS 5, PAD 6, responses of at most 6 tokens.
