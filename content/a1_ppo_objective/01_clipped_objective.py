@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "title", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # PPO's objective, part 1: the clipped surrogate
+# # a1 · PPO's objective, part 1: the clipped surrogate
 #
 # PPO updates a policy with an objective that rewards good actions, but only up to a point.
 # In this notebook you build that objective in JAX, tabulate how it behaves in five

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "title", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # PPO's objective, part 2: the KL penalty against a reference policy
+# # a1 · PPO's objective, part 2: the KL penalty against a reference policy
 #
 # Notebook 1's clip only limits how much one batch can push the policy. Nothing in it stops a
 # long run of modest steps from adding up, batch after batch, to a policy that no longer looks

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro_01", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # Build step 1: the reward-model loss and the signed PPO loss
+# # a2 · Build step 1: the reward-model loss and the signed PPO loss
 #
 # This assignment follows one RLHF run on a *bandit*: one prompt, three possible responses
 # (actions), a reward model fitted to pairwise preferences, and a policy trained with PPO.

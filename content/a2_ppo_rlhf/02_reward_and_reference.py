@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro_02", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # Build step 2: fit and freeze the reward, snapshot the reference
+# # a2 · Build step 2: fit and freeze the reward, snapshot the reference
 #
 # Before any policy update, two things are fixed for the whole run: the **reward model**
 # (fitted once to preferences, then frozen) and the **reference policy** (a copy of the

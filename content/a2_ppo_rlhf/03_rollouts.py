@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # Build step 3: collect rollouts, reuse each batch, reach the recorded numbers
+# # a2 · Build step 3: collect rollouts, reuse each batch, reach the recorded numbers
 #
 # One **rollout** samples a batch of actions from the current policy, freezes what the
 # batch needs (the behaviour log-probabilities and the advantages), and then takes

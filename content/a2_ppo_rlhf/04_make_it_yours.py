@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # Build step 4: make it yours
+# # a2 · Build step 4: make it yours
 #
 # Short experiments that probe the pieces you built: both clipping directions, why a
 # baseline does not bias the gradient, KL at the reference, detaching behaviour

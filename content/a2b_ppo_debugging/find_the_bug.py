@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # Find the bug: four broken PPO pieces
+# # a2b · Find the bug: four broken PPO pieces
 #
 # This notebook has nothing to hand in and is not graded. Each section gives a piece of the
 # `a2_ppo_rlhf` pipeline with one classic mistake in it (the mistakes the hidden tests of that

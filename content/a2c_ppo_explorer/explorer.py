@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # PPO explorer: move β and ε, watch the run change
+# # a2c · PPO explorer: move β and ε, watch the run change
 #
 # This notebook has nothing to hand in. It runs the course's compiled PPO trainer (the same one as in
 # the lesson: a three-action bandit, a frozen learned reward, a fixed reference policy) every time you

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro_seq_01", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # RLHF on sequences, step 1: masks, the SFT loss and the preference loss
+# # a3 · RLHF on sequences, step 1: masks, the SFT loss and the preference loss
 #
 # The bandit assignments had one decision per episode. Here the policy writes a *response*, one
 # token at a time, in a tiny language: 4 prompts, 5 content tokens `a b c d e`, an end token

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro_seq_02", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # RLHF on sequences, step 2: per-token rewards, GAE and the clipped losses
+# # a3 · RLHF on sequences, step 2: per-token rewards, GAE and the clipped losses
 #
 # One PPO iteration on sequences samples a batch of responses, then freezes four things per token:
 # the log-probs under the policy that sampled them (`old_logp`), under the frozen reference

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro_seq_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# # RLHF on sequences, step 3: the loop, KL estimators, over-optimisation and the alternatives
+# # a3 · RLHF on sequences, step 3: the loop, KL estimators, over-optimisation and the alternatives
 #
 # This notebook uses the course library's trusted versions of everything you wrote in the first
 # two notebooks (`rlhf_lab.sequences`), so it does not depend on your earlier answers. The task:
