@@ -20,7 +20,7 @@ if not os.environ.get("PATH", "").startswith(_bin + os.pathsep):
 CLASS_RUN_MODULES = {"test_feedback_check", "test_pipeline", "test_trust"}
 
 
-def xdist_group_of(nodeid: str) -> str:
+def scope_of(nodeid: str) -> str:
     """The group a test runs in: its module (so module- and session-scoped fixtures are built once
     per process), or ``class-runs`` for the modules of :data:`CLASS_RUN_MODULES`."""
     module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
@@ -28,7 +28,7 @@ def xdist_group_of(nodeid: str) -> str:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadscope`` sends each :func:`xdist_group_of` group to one process as a whole.
+    """``--dist loadscope`` sends each :func:`scope_of` group to one process as a whole.
 
     (pytest-xdist's own ``loadgroup`` reads groups from suffixes it writes into the test ids, which
     pytest 9.2's structured ids no longer carry: pytest-xdist issue 1386. A scheduler that computes
@@ -39,6 +39,6 @@ def pytest_xdist_make_scheduler(config, log):
 
     class CourseGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return xdist_group_of(nodeid)
+            return scope_of(nodeid)
 
     return CourseGroups(config, log)
