@@ -238,11 +238,19 @@ def wait_for_kernel_idle(page, server: LabServer, timeout_ms: float = 120_000) -
     """Wait until the notebook's kernel exists, has a client connected and is idle.
 
     The toolbar's status indicator alone is not enough: it reads "idle" before any kernel has
-    been started. The server's ``/api/kernels`` says whether a kernel is really there.
+    been started. The server's ``/api/kernels`` says whether a kernel is really there (it answers
+    500 while a kernel is half-started; that counts as not ready).
     """
     deadline = time.monotonic() + timeout_ms / 1000
     while time.monotonic() < deadline:
-        kernels = server.api("/api/kernels") or []
+        try:
+            kernels = server.api("/api/kernels") or []
+        except urllib.error.HTTPError as err:
+            # jupyter_server answers 500 while a kernel it lists is still starting (its model has
+            # no last_activity yet); that kernel is not ready, so ask again
+            if err.code < 500:
+                raise
+            kernels = []
         if kernels and all(k["execution_state"] == "idle" and k["connections"] >= 1 for k in kernels):
             status = page.evaluate(
                 "() => { const e = document.querySelector('.jp-Notebook-ExecutionIndicator');"

@@ -194,6 +194,11 @@ def _drive(page, s_lab, i_lab, root: Path, home: Path, ex: Path):
     page.goto(f"{fg}/gradebook/{TOY}/toy")
     page.locator("a", has_text="Submission #").first.click()
     page.wait_for_selector("input#essay.score")
+    # Formgrader binds the inputs to its grade and comment models only once both have been
+    # fetched (and rendering them then resets the input): typing before that saves nothing.
+    page.wait_for_function(
+        "() => window.formgrader && formgrader.grades && formgrader.grades.loaded"
+        " && formgrader.comments && formgrader.comments.loaded", timeout=120_000)
     with page.expect_response(lambda r: "/api/grade/" in r.url and r.request.method == "PUT"):
         page.fill("input#essay.score", ESSAY_SCORE)
         page.press("input#essay.score", "Tab")
