@@ -14,7 +14,8 @@ API
 ``course_template(base) -> Path``
     A copy of the course (``nbgrader_config.py``, ``source/``, ``release/``, ``examples/``) in which
     ``nbgrader generate_assignment`` has run for every assignment, so its SQLite ``gradebook.db``
-    knows every notebook and graded cell. Built once per session under ``base``.
+    knows every notebook and graded cell. Built once per session under ``base`` (under pytest-xdist,
+    once for all the session's processes, in the folder they share).
 ``fresh_course(dest, base) -> Path``
     A new copy of that template at ``dest`` (gradebook included): a private course to grade into.
 ``own_db(root) -> str``
@@ -71,17 +72,40 @@ from rlhf_lab.instructor.pipeline import ClassRun  # noqa: E402
 _CACHE: dict = {}
 
 
-def course_template(base: Path) -> Path:
-    """The generated course template (see module docstring); built once per session."""
-    if "template" not in _CACHE:
-        root = pipeline.copy_course(Path(base) / "course_template", REPO)
-        pipeline.check_config(root, own_db(root))
-        pipeline.generate(root, pipeline.assignments(root), db_url=own_db(root))
-        from rlhf_lab.instructor import compile_cache
+def _build_template(dest: Path) -> Path:
+    root = pipeline.copy_course(dest, REPO)
+    pipeline.check_config(root, own_db(root))
+    pipeline.generate(root, pipeline.assignments(root), db_url=own_db(root))
+    from rlhf_lab.instructor import compile_cache
 
-        for assignment in pipeline.graded_assignments(root):  # reused from the repository when unchanged
-            compile_cache.ensure_seed(root, assignment)
-        _CACHE["template"] = root
+    for assignment in pipeline.graded_assignments(root):  # reused from the repository when unchanged
+        compile_cache.ensure_seed(root, assignment)
+    return root
+
+
+def course_template(base: Path) -> Path:
+    """The generated course template (see module docstring); built once per session.
+
+    Under pytest-xdist the session's processes share one: the first to need it builds it in the
+    folder they share (the parent of each process's base temporary folder) while holding a lock,
+    the others wait for it. Tests only copy it (:func:`fresh_course`) or read it.
+    """
+    if "template" not in _CACHE:
+        shared = _CACHE.get("shared")
+        if shared is None:
+            _CACHE["template"] = _build_template(Path(base) / "course_template")
+        else:
+            import fcntl
+
+            with open(shared / "course_template.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on failure
+                root, done = shared / "course_template", shared / "course_template.complete"
+                if not done.exists():
+                    if root.exists():  # a build that failed part-way in another process
+                        shutil.rmtree(root)
+                    _build_template(root)
+                    done.write_text("built\n")
+            _CACHE["template"] = root.resolve()
     return _CACHE["template"]
 
 
@@ -230,6 +254,8 @@ def bundled_class_run(tmp_path_factory) -> ClassRun:
 def _session_base(tmp_path_factory) -> Path:
     if "base" not in _CACHE:
         _CACHE["base"] = tmp_path_factory.mktemp("course_support")
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # .../pytest-N/popen-gwK: pytest-N is the session's
+            _CACHE["shared"] = tmp_path_factory.getbasetemp().parent
     return _CACHE["base"]
 
 
