@@ -44,6 +44,9 @@ API
     A Python file that is not in a package (``tools/*.py``, ``examples/mistakes/*.py``) as a module.
 ``kill_tree(proc) -> int``
     SIGKILL a started process and everything it started (a crash of a whole run); how many died.
+``LIBRARY_LOG``
+    A compiled pattern for library log noise (XLA's C++ log lines, absl's start-up warning): what
+    must never reach a student's feedback or the instructor's terminal.
 
 pytest fixtures (session scope): ``course_template_dir``, ``bundled_class_run``.
 """
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +74,10 @@ from rlhf_lab.instructor import pipeline  # noqa: E402
 from rlhf_lab.instructor.pipeline import ClassRun  # noqa: E402
 
 _CACHE: dict = {}
+
+#: XLA's C++ log lines ("E1202 01:16:02.770867  7659 cpu_aot_loader.cc:220] ...") and absl's notes.
+LIBRARY_LOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\.(cc|h):\d+\]|cpu_aot_loader"
+                         r"|Assume version compatibility|absl::InitializeLog|TF_CPP_MIN_LOG_LEVEL")
 
 
 def _build_template(dest: Path) -> Path:
@@ -91,21 +99,18 @@ def course_template(base: Path) -> Path:
     the others wait for it. Tests only copy it (:func:`fresh_course`) or read it.
     """
     if "template" not in _CACHE:
-        shared = _CACHE.get("shared")
-        if shared is None:
-            _CACHE["template"] = _build_template(Path(base) / "course_template")
-        else:
-            import fcntl
+        import fcntl
 
-            with open(shared / "course_template.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on failure
-                root, done = shared / "course_template", shared / "course_template.complete"
-                if not done.exists():
-                    if root.exists():  # a build that failed part-way in another process
-                        shutil.rmtree(root)
-                    _build_template(root)
-                    done.write_text("built\n")
-            _CACHE["template"] = root.resolve()
+        home = _CACHE.get("shared") or Path(base)
+        with open(home / "course_template.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on failure
+            root, done = home / "course_template", home / "course_template.complete"
+            if not done.exists():
+                if root.exists():  # a build that failed part-way in another process
+                    shutil.rmtree(root)
+                _build_template(root)
+                done.write_text("built\n")
+        _CACHE["template"] = root.resolve()
     return _CACHE["template"]
 
 

@@ -5,13 +5,12 @@ bundled example class (graded once per session, ``bundled_class_run`` in course_
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from course_support import REPO, bundled_class_run  # noqa: F401  (fixtures are used by name)
+from course_support import LIBRARY_LOG, REPO, bundled_class_run  # noqa: F401  (fixtures are used by name)
 from rlhf_lab.instructor import feedback_filter as ff
 from rlhf_lab.instructor import pipeline
 
@@ -82,8 +81,7 @@ def test_outputs_showing_hidden_or_source_text_are_replaced_by_a_note():
     assert texts == [ff.REMOVED_NOTE, "loss 0.25\n", ff.REMOVED_NOTE]
 
 
-NOISE = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\.(cc|h):\d+\]|cpu_aot_loader|Assume version compatibility"
-                   r"|absl::InitializeLog|TF_CPP_MIN_LOG_LEVEL")
+NOISE = LIBRARY_LOG
 
 
 def test_the_noise_pattern_matches_xla_log_lines():

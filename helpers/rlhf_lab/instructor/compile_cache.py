@@ -159,8 +159,8 @@ def ensure_seed(root: str | os.PathLike, assignment: str, *, force: bool = False
         # launcher points their JAX cache at `cache`
         manager = _kernel_guard().LimitedKernelManager
         env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "PYTEST_CURRENT_TEST")}
-        env.update(NBGRADER_EXECUTION="autograde", JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"),
-                   TF_CPP_MIN_LOG_LEVEL=CACHE_SETTINGS["TF_CPP_MIN_LOG_LEVEL"])
+        # (the launcher adds kernel_env(cache), CACHE_SETTINGS' log level included)
+        env.update(NBGRADER_EXECUTION="autograde", JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
         for path in sorted(work.glob("*.ipynb")):
             nb = nbformat.read(path, as_version=4)
             try:
