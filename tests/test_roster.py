@@ -80,3 +80,42 @@ def test_bad_rosters_are_refused_with_every_problem_and_its_line(tmp_path):
     assert roster.check_roster(tmp_path / "missing.csv") == [f"{tmp_path / 'missing.csv'}: no such file"]
     with pytest.raises(TypeError, match="path must be a path"):
         roster.check_roster(42)
+
+
+@pytest.mark.parametrize("sid, why", [
+    ("../x", "is a path"), ("..", "is a path"), ("a/b", "is a path"), ("a\\b", "is a path"),
+    ("-rf", "starts with '-'"), ("Ada", "upper-case"), ("ada lovelace", "' '"), ("a+b", "'+'"),
+    ("=HYPERLINK(1)", "'='"), ("a\tb", "control character"), ("x" * 33, "33 characters"),
+    ("1ada", "does not start with a letter"), ("zoë", "'ë'"),
+])
+def test_an_id_that_a_folder_an_exchange_file_or_a_linux_account_cannot_hold_is_rejected_with_its_line(
+        tmp_path, sid, why):
+    path = tmp_path / "r.csv"
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "first_name"])
+        w.writerow(["ok_student", "A"])
+        w.writerow([sid, "B"])
+    problems = roster.check_roster(path)
+    assert len(problems) == 1 and problems[0].startswith(f"line 3: id {sid!r} is not a valid student id"), problems
+    assert why in problems[0], problems[0]
+
+
+def test_the_bundled_rosters_ids_are_valid_and_every_problem_of_a_bad_roster_is_listed(tmp_path):
+    assert all(roster.id_problem(r["id"]) is None for r in _rows(ROSTER))
+    path = tmp_path / "r.csv"
+    path.write_text("id,first_name,last_name,email,lms_user_id\n"
+                    "ada,Ada,O,a@x.edu,40101\n"
+                    "ADA,Ada,O,b@x.edu,40102\n"          # same id up to case
+                    " ben,Ben,M,c@x.edu,40103\n"         # padded
+                    "cy,Cy,T,d@x.edu,40101\n"            # Canvas id of line 2 again
+                    "dee,\"De\ne\",K,e@x.edu,=1+1\n",     # line break in a name, a formula as the LMS id
+                    encoding="utf-8")
+    problems = roster.check_roster(path)
+    text = "\n".join(problems)
+    assert "line 3: id 'ADA' is not a valid student id: it has upper-case letters" in text
+    assert "line 3: id 'ADA' already on line 2" in text
+    assert "line 4: id ' ben' is not a valid student id: it has spaces around it" in text
+    assert "line 5: lms_user_id 40101 already on line 2" in text
+    assert "line 6: first_name 'De\\ne' contains a control character" in text
+    assert "line 6: lms_user_id '=1+1' is not a number" in text

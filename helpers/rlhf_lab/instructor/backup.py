@@ -238,11 +238,14 @@ def cell_rows(db_url: str, course_id: str, root: Path) -> list[dict]:
 
 
 def write_cell_csv(rows: list[dict], dest: Path) -> Path:
+    """The per-cell table as CSV, through the course's writer (quoting and the formula guard of
+    :func:`.csv_export.safe_cell`: a student id or grade id a spreadsheet would run stays text)."""
+    from .csv_export import writer
+
     with open(dest, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CELL_COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row[k] is None else row[k]) for k in CELL_COLUMNS})
+        out = writer(fh)
+        out.writerow(CELL_COLUMNS)
+        out.writerows([row[k] for k in CELL_COLUMNS] for row in rows)
     return dest
 
 

@@ -5,6 +5,13 @@ locale's encoding: a student folder named ``doe, jane`` shifts every later colum
 with a newline or a quote adds rows, and a non-ASCII name fails under a C locale. This plugin writes
 the same columns, rows and values through :func:`csv.writer` (every field quoted when needed), as
 UTF-8, so each (assignment, student) pair is exactly one row whatever the names hold.
+
+Every CSV the course writes goes through :func:`writer` (this export, the backup's cell table):
+a text field a spreadsheet would run as a formula (it starts with ``=``, ``+``, ``-``, ``@``, a tab, a
+carriage return or a line feed, also after leading spaces, or with the full-width forms of those
+signs) gets a leading ``'`` (OWASP, "CSV Injection"), so a roster name ``=HYPERLINK(...)`` or a folder
+``@SUM(A1)`` opens as text. Numbers the course computed (``int``/``float``, e.g. a score of ``-1.5``)
+are written as numbers: the decision is made by type, never by the text.
 """
 from __future__ import annotations
 
@@ -17,14 +24,52 @@ COLUMNS = ("assignment", "duedate", "timestamp", "student_id", "last_name", "fir
            "raw_score", "late_submission_penalty", "score", "max_score")
 
 
-def _text(value) -> str:
-    return "" if value is None else str(value)
+#: First characters (after leading whitespace) that make Excel, LibreOffice or Google Sheets read
+#: a cell as a formula or a command.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+
+
+def safe_cell(value) -> str:
+    """One CSV field as text: ``None`` -> ``""``, numbers as they are, formula-like text as ``'`` + text.
+
+    ``safe_cell("=1+1") == "'=1+1"``, ``safe_cell(" @SUM(A1)") == "' @SUM(A1)"``,
+    ``safe_cell(-1.5) == "-1.5"``, ``safe_cell("doe, jane") == "doe, jane"`` (quoting is the writer's).
+    """
+    if value is None:
+        return ""
+    if isinstance(value, (bool, int, float)):
+        return str(value)
+    text = str(value)
+    stripped = text.lstrip(" \t\r\n")
+    if text[:1] in FORMULA_PREFIXES or stripped[:1] in FORMULA_PREFIXES:
+        return "'" + text
+    return text
+
+
+class _SafeWriter:
+    """A :func:`csv.writer` whose every field passes through :func:`safe_cell`."""
+
+    def __init__(self, fh, **fmt):
+        self._writer = csv.writer(fh, **fmt)
+
+    def writerow(self, row):
+        return self._writer.writerow([safe_cell(v) for v in row])
+
+    def writerows(self, rows):
+        for row in rows:
+            self.writerow(row)
+
+
+def writer(fh, **fmt) -> _SafeWriter:
+    """The course's CSV writer on the open text file ``fh`` (``newline=""``): quoting and formula guard."""
+    return _SafeWriter(fh, **fmt)
 
 
 class CsvExport(ExportPlugin):
-    """nbgrader's CSV export (same columns and values), written by :mod:`csv`."""
+    """nbgrader's CSV export (same columns and values), written by :func:`writer`."""
 
     def rows(self, gradebook: Gradebook):
+        """One list of raw values (``None``, text, numbers, datetimes) per (assignment, student), in ``COLUMNS`` order."""
         students = {str(s) for s in self.student}
         assignments = {str(a) for a in self.assignment}
         for assignment in gradebook.assignments:
@@ -44,12 +89,12 @@ class CsvExport(ExportPlugin):
                     penalty = sub.late_submission_penalty
                     row.update(timestamp=sub.timestamp, raw_score=sub.score, late_submission_penalty=penalty,
                                score=max(0.0, sub.score - penalty))
-                yield [_text(row[k]) for k in COLUMNS]
+                yield [row[k] for k in COLUMNS]
 
     def export(self, gradebook: Gradebook) -> None:
         dest = self.to or "grades.csv"
         self.log.info("Exporting grades to %s", dest)
         with open(dest, "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(COLUMNS)
-            writer.writerows(self.rows(gradebook))
+            out = writer(fh)
+            out.writerow(COLUMNS)
+            out.writerows(self.rows(gradebook))

@@ -8,9 +8,18 @@ required; ``lms_user_id`` is the Canvas user id that ``nbgrader zip_collect`` ma
 ``roster.csv`` in the course root (or ``$RLHF_ROSTER``).
 
 :func:`check_roster` reads the file first and reports every problem with its line number (missing
-``id`` column, empty or duplicate ids, ids nbgrader's exchange cannot store, unknown columns),
-because nbgrader itself stops at the first bad row with a bare ``KeyError`` or silently ignores
-unknown columns. :func:`import_roster` then runs the real import (nbgrader creates or updates
+``id`` column, empty or duplicate ids, invalid ids, unknown columns), because nbgrader itself stops
+at the first bad row with a bare ``KeyError`` or silently ignores unknown columns.
+
+A student id names a folder under ``submitted/``, ``autograded/`` and ``feedback/``, a file in the
+exchange (``<id>+<assignment>+<timestamp>``) and, on a JupyterHub, a Linux account. So an id must be
+acceptable to all three at once: :data:`ID_RULE`, the portable Linux user name (lower-case letter or
+``_`` first, then lower-case letters, digits, ``_`` and ``-``, at most 32 characters). That rules out
+``..``, ``/``, ``+`` (the exchange's separator), spaces, control characters, a leading ``-`` (read as
+an option) and upper case (two ids that differ only in case would share a folder on a
+case-insensitive disk). ``lms_user_id`` (Canvas's numeric user id) must be digits; names and e-mail
+addresses may hold any printable text (a name that looks like a spreadsheet formula is written as
+text by every CSV the course makes, :func:`.csv_export.safe_cell`), but no control characters. :func:`import_roster` then runs the real import (nbgrader creates or updates
 each student; re-importing is safe).
 
 Command line::
@@ -23,13 +32,53 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import sys
+import unicodedata
 from pathlib import Path
 
 from .pipeline import COURSE_ID, CommandRun, PipelineError, course_root, default_db_url, ensure_venv_on_path, run_nbgrader
 
 COLUMNS = ("id", "first_name", "last_name", "email", "lms_user_id")
 ENV_VAR = "RLHF_ROSTER"
+#: A student id: a portable Linux user name (``useradd``'s default rule, ``NAME_REGEX`` of
+#: ``adduser.conf``), which is also one path component and one field of an exchange file name.
+ID_RULE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+ID_RULE_TEXT = ("a lower-case letter or '_' first, then lower-case letters, digits, '_' or '-', "
+                "at most 32 characters (a Linux user name, a folder name and an exchange field at once)")
+
+
+def id_problem(sid: str) -> str | None:
+    """Why ``sid`` cannot be a student id (``None``: it can). See :data:`ID_RULE`."""
+    if ID_RULE.fullmatch(sid):
+        return None
+    if any(unicodedata.category(ch).startswith("C") for ch in sid):
+        return "contains a control character"
+    if sid in (".", "..") or "/" in sid or "\\" in sid:
+        return "is a path, not a name"
+    if len(sid) > 32:
+        return f"is {len(sid)} characters long (at most 32)"
+    if sid.startswith("-"):
+        return "starts with '-' (commands would read it as an option)"
+    bad = sorted({ch for ch in sid.lower() if not re.fullmatch(r"[a-z0-9_-]", ch)})
+    if bad:
+        return "contains " + ", ".join(repr(ch) for ch in bad)
+    if sid != sid.lower():
+        return "has upper-case letters"
+    return "does not start with a letter or '_'"
+
+
+def _field_problems(n: int, row: dict) -> list[str]:
+    """Problems of the non-id fields of roster line ``n``."""
+    problems = []
+    for column in ("first_name", "last_name", "email", "lms_user_id"):
+        value = row.get(column) or ""
+        if any(unicodedata.category(ch).startswith("C") for ch in value):
+            problems.append(f"line {n}: {column} {value!r} contains a control character (a tab or a line break?)")
+    lms = (row.get("lms_user_id") or "").strip()
+    if lms and not lms.isdigit():
+        problems.append(f"line {n}: lms_user_id {lms!r} is not a number (Canvas's user ids are digits)")
+    return problems
 
 
 class RosterError(PipelineError):
@@ -63,20 +112,29 @@ def check_roster(path: str | os.PathLike) -> list[str]:
         if unknown:
             problems.append(f"line 1: unknown column(s) {unknown}; nbgrader would ignore them "
                             f"(allowed: {', '.join(COLUMNS)})")
-        seen = {}
+        seen: dict = {}
+        lms_ids: dict = {}
         for n, row in enumerate(reader, start=2):
             if None in row:
                 problems.append(f"line {n}: more values than columns")
-            sid = (row.get("id") or "").strip()
+            raw = row.get("id") or ""
+            sid = raw.strip()
             if not sid:
                 problems.append(f"line {n}: empty id")
                 continue
-            if any(ch in sid for ch in "+*/ ") or sid in (".", ".."):
-                problems.append(f"line {n}: id {sid!r} contains '+', '*', '/' or a space, which the exchange "
-                                "and the submission folders cannot hold")
-            if sid in seen:
-                problems.append(f"line {n}: id {sid!r} already on line {seen[sid]}")
-            seen.setdefault(sid, n)
+            why = "has spaces around it" if raw != sid else id_problem(sid)
+            if why:
+                problems.append(f"line {n}: id {raw!r} is not a valid student id: it {why}; an id is {ID_RULE_TEXT}")
+            problems.extend(_field_problems(n, row))
+            key = sid.casefold()
+            if key in seen:
+                problems.append(f"line {n}: id {sid!r} already on line {seen[key]}")
+            seen.setdefault(key, n)
+            lms = (row.get("lms_user_id") or "").strip()
+            if lms and lms in lms_ids:
+                problems.append(f"line {n}: lms_user_id {lms} already on line {lms_ids[lms]} (an LMS download "
+                                "could not tell the two students apart)")
+            lms_ids.setdefault(lms, n)
     return problems
 
 
