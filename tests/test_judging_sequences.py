@@ -95,3 +95,45 @@ def test_answers_that_are_not_plain_data_are_refused():
 
     with pytest.raises(GradingError):
         _run("test_seq_response_mask", {"response_mask": lambda tokens, eos, pad: Sneaky()})
+
+
+
+def _formula_np(dtype):
+    """GRPO advantages exactly as the task statement writes them, in NumPy of ``dtype`` (no constant-group rule)."""
+    def group_advantages(scores):
+        s = np.asarray(scores, dtype)
+        return (s - s.mean(axis=1, keepdims=True)) / (s.std(axis=1, keepdims=True) + dtype(1e-6))
+    return group_advantages
+
+
+def _formula_jnp_sum(scores):
+    """The statement's formula in JAX float32 with jnp.sum(...) / K for the mean and the variance."""
+    k = scores.shape[1]
+    mu = jnp.sum(scores, axis=1, keepdims=True) / k
+    return (scores - mu) / (jnp.sqrt(jnp.sum((scores - mu) ** 2, axis=1, keepdims=True) / k) + 1e-6)
+
+
+def _formula_jnp_mean(scores):
+    """The statement's formula with jnp.mean and jnp.std."""
+    return (scores - jnp.mean(scores, axis=1, keepdims=True)) / (jnp.std(scores, axis=1, keepdims=True) + 1e-6)
+
+
+@pytest.mark.parametrize("answer", [_formula_np(np.float32), _formula_np(np.float64), _formula_jnp_sum,
+                                    _formula_jnp_mean], ids=["np32", "np64", "jnp_sum_over_k", "jnp_mean"])
+def test_group_advantages_check_passes_the_plain_formula(answer):
+    """The statement's formula gets full marks on every seed, in any precision: the constant row is
+    compared with 0 and the grader's equal scores have an exact mean (it used to fail on about 40% of
+    the seeds with "row 0: all scores equal, so 0: expected [[-0.32...")."""
+    for seed in range(40):
+        _run("test_seq_group_advantages", {"group_advantages": answer}, seed)
+
+
+def test_group_advantages_check_wants_zeros_on_the_constant_row():
+    """A constant row that is not 0 fails with a message asking for 0 (here: 0 / 0 without the + 1e-6)."""
+    def no_epsilon(scores):
+        mu = jnp.mean(scores, axis=1, keepdims=True)
+        return (scores - mu) / jnp.std(scores, axis=1, keepdims=True)
+
+    with pytest.raises(GradingError) as err:
+        _run("test_seq_group_advantages", {"group_advantages": no_epsilon}, 3)
+    assert "row 0 (all" in str(err.value) and "must be 0" in str(err.value) and "NaN" in str(err.value), str(err.value)

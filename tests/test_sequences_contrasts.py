@@ -87,6 +87,28 @@ def test_group_advantages_by_hand():
         sq.group_advantages(jnp.ones((3, 1)))
 
 
+def test_group_advantages_of_equal_float32_scores_are_exactly_zero():
+    """In float32 the mean of equal numbers is often an ulp off; a constant group still gets exactly 0."""
+    rng = np.random.default_rng(0)
+    for k in (2, 3, 5, 6, 7, 8, 9, 16, 64):
+        values = rng.normal(scale=2.0, size=200).astype(np.float32)
+        scores = np.repeat(values[:, None], k, axis=1)
+        a = np.asarray(sq.group_advantages(jnp.asarray(scores)))
+        assert np.all(a == 0.0), f"group size {k}: {np.count_nonzero(np.any(a != 0, axis=1))} of 200 constant groups"
+    np.testing.assert_array_equal(np.asarray(sq.group_advantages(jnp.zeros((2, 4)))), 0.0)
+
+
+def test_group_advantages_near_constant_rule():
+    """std <= 1e-4 * max |score| is constant (0); a spread just above it keeps the formula."""
+    below = np.array([[100.0, 100.0, 100.0, 100.019]])   # population std 0.0082 < 0.0100019
+    above = np.array([[100.0, 100.0, 100.0, 100.05]])    # population std 0.0217 > 0.010005
+    np.testing.assert_array_equal(np.asarray(sq.group_advantages(jnp.asarray(below))), 0.0)
+    got = np.asarray(sq.group_advantages(jnp.asarray(above)))
+    sd = np.std(above[0])
+    np.testing.assert_allclose(got[0], (above[0] - above[0].mean()) / (sd + 1e-6), rtol=2e-3)
+    assert sq.contrasts.CONSTANT_GROUP_RTOL == 1e-4
+
+
 def test_grpo_loss_by_hand():
     # one response, two real tokens, one padding token with garbage values
     logp = jnp.array([[np.log(1.5), np.log(0.5), 3.0]])

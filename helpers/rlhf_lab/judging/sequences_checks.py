@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import Jax, check, close, diagnose, field
+from .core import Jax, check, close, diagnose, field, to_float
 from .registry import ALL
 from .registry import check as register
 
@@ -518,24 +518,55 @@ def seq_overopt_fit(student, rng, ref):
           hint="least squares without an intercept: the gain is 0 at the reference (d = 0)")
 
 
+def group_advantages64(scores) -> np.ndarray:
+    """GRPO advantages of :func:`rlhf_lab.sequences.group_advantages` computed in float64.
+
+    The same rule (a group whose population std is at most ``CONSTANT_GROUP_RTOL`` of its largest
+    ``|score|`` is constant and gets exactly 0), evaluated in float64 so that the expected values do
+    not carry the float32 rounding of the mean that a student's answer may round differently.
+    """
+    from rlhf_lab.sequences.contrasts import CONSTANT_GROUP_RTOL
+
+    s = np.asarray(scores, np.float64)
+    mu = s.mean(axis=1, keepdims=True)
+    sd = s.std(axis=1, keepdims=True)
+    constant = sd <= CONSTANT_GROUP_RTOL * np.abs(s).max(axis=1, keepdims=True)
+    return np.where(constant, 0.0, (s - mu) / (sd + 1e-6))
+
+
 @register("test_seq_group_advantages", task="group_advantages", needs=("group_advantages",), forbid=ALL,
           assignment=A, notebook=NB3)
 def seq_group_advantages(student, rng, ref):
-    """GRPO advantages on fresh groups (one group with equal scores gets 0)."""
-    from rlhf_lab import sequences as sq
+    """GRPO advantages on fresh groups; row 0 has equal scores and must get exactly 0.
 
+    The equal scores of row 0 are a power of two (+-1/4 ... +-4): K copies of it sum exactly in any
+    order and precision and their mean is exact however it is divided, so every correct answer,
+    the literal formula in float32 as well as one with the constant-group rule, gives exactly 0
+    there. (For a general float32 value the mean of K copies is often one ulp off, which the
+    literal formula divides by ``0 + 1e-6``.)
+    """
     g, k = int(rng.integers(3, 6)), int(rng.integers(4, 9))
     scores = rng.normal(scale=2.0, size=(g, k)).astype(np.float32)
-    scores[0] = scores[0, 0]
+    scores[0] = float(rng.choice([-1.0, 1.0])) * 2.0 ** int(rng.integers(-2, 3))
     got = student.call("group_advantages", Jax(scores))
-    want = np.asarray(sq.group_advantages(scores))
+    want = group_advantages64(scores)
+    check(bool(np.all(want[0] == 0.0)), "grader self-check (a constant group)")
+    wide = scores.astype(np.float64)
     diagnose(got, want, lambda: {
         "normalised over the whole batch: GRPO normalises within each group (one prompt per row)":
-            (scores - scores.mean()) / (scores.std() + 1e-6),
+            (wide - wide.mean()) / (wide.std() + 1e-6),
         "only the group mean was removed: divide by the group's std (+ 1e-6)":
-            scores - scores.mean(axis=1, keepdims=True),
+            wide - wide.mean(axis=1, keepdims=True),
     }, "group_advantages", atol=1e-4)
-    close(got, want, "group advantages (row 0: all scores equal, so 0)", rtol=1e-3, atol=1e-4)
+    got_rows = to_float(got, "group advantages")
+    check(got_rows.shape == want.shape, f"group_advantages must return one advantage per score, shape "
+                                        f"{want.shape}, got shape {got_rows.shape}")
+    # a correct answer gives exactly 0 here in any precision; compared with 0, not with a rounded reference
+    close(got_rows[0], want[0], f"row 0 (all {k} scores equal {float(scores[0, 0]):g}): every advantage must "
+          "be 0", rtol=0.0, atol=1e-6,
+          hint="a group whose scores are all equal has std 0 and every score equals the mean: "
+               "(s - mean) / (std + 1e-6) is 0 there (keep the + 1e-6, 0 / 0 is NaN)")
+    close(got_rows[1:], want[1:], "group advantages of the other rows", rtol=1e-3, atol=1e-4)
 
 
 @register("test_seq_dpo_loss", task="dpo_loss", needs=("dpo_loss",), forbid=ALL, assignment=A, notebook=NB3)

@@ -103,21 +103,37 @@ def best_of_n_summary(task: Task, n: int) -> dict:
 # ------------------------------------------------------------------------------------------
 
 
+#: A group whose population std is at most this fraction of its largest ``|score|`` counts as constant.
+CONSTANT_GROUP_RTOL = 1e-4
+
+
 def group_advantages(scores: jax.Array, eps: float = 1e-6) -> jax.Array:
     """GRPO advantages: ``A_ij = (s_ij - mean_j s_ij) / (std_j s_ij + eps)`` within each group ``i``.
 
+    ``std`` is the population std. A group counts as **constant**, and each of its responses gets
+    advantage exactly 0, when ``std_j s_ij <= CONSTANT_GROUP_RTOL * max_j |s_ij|`` (``1e-4`` of the
+    group's largest score in absolute value; an all-zero group is constant too). Without the rule a
+    group of equal scores would get whatever the rounding of its mean leaves: in float32 the mean of
+    K equal numbers is often one ulp off, and dividing that by ``0 + eps`` gives advantages of order
+    0.1-0.5. The rounding cannot cross the rule: summing K equal float32 numbers and dividing by K
+    moves the mean by at most about ``K * 2**-24`` of their size (``6e-5`` for K = 1,000, the
+    deviations and their std are no larger), while scores that really differ, by more than ``1e-4``
+    of their size, keep the formula.
+
     Args:
-      scores: ``[n_groups, group_size]`` scores of the responses of one prompt per row.
+      scores: ``[n_groups, group_size]`` scores of the responses of one prompt per row (group sizes up
+        to 1,000 for the guarantee above).
 
     Returns:
-      ``[n_groups, group_size]``; a group whose responses all score the same gets 0.
+      ``[n_groups, group_size]``; exactly 0 on every row that counts as constant.
     """
     v.ndim("scores", scores, 2)
     if np.shape(scores)[-1] < 2:
         raise ValueError(f"scores must hold groups of at least 2 responses, got shape {np.shape(scores)}")
     mu = jnp.mean(scores, axis=-1, keepdims=True)
     sd = jnp.std(scores, axis=-1, keepdims=True)
-    return (scores - mu) / (sd + eps)
+    constant = sd <= CONSTANT_GROUP_RTOL * jnp.max(jnp.abs(scores), axis=-1, keepdims=True)
+    return jnp.where(constant, 0.0, (scores - mu) / (sd + eps))
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta, epsilon) -> jax.Array:

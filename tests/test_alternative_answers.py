@@ -1,0 +1,88 @@
+"""Every judged check gives full marks to every correct answer, however it is written.
+
+The answers of ``tests/fixtures/alternative_answers.py`` are written from the task statements in
+five styles (NumPy float32, NumPy float64, plain Python loops, and JAX with two different
+reduction orders). Each check of :data:`rlhf_lab.judging.CHECKS` runs in-process against each
+style, on many grader seeds; a check that fails a correct answer on any seed is a grading bug
+(an expected value computed in a lower precision than the answer, a tolerance below float32
+rounding, an exact comparison where rounding is legal).
+
+The default run uses :data:`FAST_SEEDS`; the ``slow`` run uses :data:`ALL_SEEDS`, 100 grader seeds.
+Combinations where a NumPy answer is not possible (the check takes ``jax.grad`` of the answer, or
+the statement prescribes it) are skipped with the reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fixtures import alternative_answers as alt
+from rlhf_lab.judging import CHECKS, core
+from rlhf_lab.judging.core import GradingError, LocalStudent
+
+REF = core.library_reference()
+FAST_SEEDS = range(10)
+ALL_SEEDS = range(100)
+NAMES = sorted(CHECKS)
+
+
+def _skip_reason(name: str, style: str) -> str | None:
+    """Why ``style`` cannot answer the task of ``name`` (None when it can)."""
+    if style not in alt.JAX_STYLES and name in alt.NEEDS_JAX:
+        return f"{style} is not applicable to {name}: {alt.NEEDS_JAX[name]}"
+    return None
+
+
+def _grade(name: str, style: str, seeds) -> list[str]:
+    """The failures (seed and the student's message) of the check ``name`` on ``style``'s answers."""
+    check = CHECKS[name]
+    failures = []
+    for seed in seeds:
+        student = LocalStudent(alt.namespace(style, check.assignment))
+        try:
+            check.run(student, np.random.default_rng(seed), REF)
+        except GradingError as err:
+            failures.append(f"seed {seed}: {err}")
+    return failures
+
+
+def _require_full_marks(name: str, style: str, seeds) -> None:
+    reason = _skip_reason(name, style)
+    if reason:
+        pytest.skip(reason)
+    failures = _grade(name, style, seeds)
+    assert not failures, (f"{name} fails a correct {style} answer on {len(failures)} of {len(seeds)} grader "
+                          f"seeds; first failures:\n" + "\n".join(failures[:3]))
+
+
+@pytest.mark.parametrize("style", alt.STYLES)
+@pytest.mark.parametrize("name", NAMES)
+def test_correct_answers_get_full_marks(name, style):
+    _require_full_marks(name, style, FAST_SEEDS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", alt.STYLES)
+@pytest.mark.parametrize("name", NAMES)
+def test_correct_answers_get_full_marks_on_100_seeds(name, style):
+    _require_full_marks(name, style, ALL_SEEDS)
+
+
+def test_every_check_is_answered_by_every_style_that_can():
+    """No check is left out: each one has a JAX answer in every JAX style, and every NumPy skip has a reason."""
+    for name, check in CHECKS.items():
+        for style in alt.STYLES:
+            ns = alt.namespace(style, check.assignment)
+            missing = [n for n in check.needs if n not in ns]
+            if _skip_reason(name, style) is None:
+                assert not missing, f"{style} answers of {check.assignment} lack {missing} for {name}"
+    assert set(alt.NEEDS_JAX) <= set(CHECKS), sorted(set(alt.NEEDS_JAX) - set(CHECKS))
+
+
+def test_the_styles_really_differ():
+    """The float32 and float64 answers round differently (else the suite would test one answer five times)."""
+    scores = np.random.default_rng(0).normal(size=(4, 7)).astype(np.float32)
+    outs = {s: np.asarray(alt.namespace(s, "a3_ppo_sequences")["whiten"](scores, np.ones_like(scores)), np.float64)
+            for s in alt.STYLES}
+    assert outs["np32"].dtype == np.float64 and not np.array_equal(outs["np32"], outs["np64"])
+    assert np.allclose(outs["np32"], outs["np64"], atol=1e-5)
