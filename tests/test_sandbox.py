@@ -145,16 +145,17 @@ def test_kernel_reaches_only_its_own_notebook_folder(course, home_probe):
     assert out["cwd"] == str(course / "autograded" / "alice" / ASSIGNMENT)
     if os.geteuid() == 0:
         assert out["uid"] != 0  # the kernel never runs as root
-    # seen from outside: nothing changed but the student's own folder
+    # seen from outside: nothing changed, not even the student's own folder (the kernel wrote
+    # into its scratch copy, bound at the folder's path and deleted with the kernel)
     assert (course / "gradebook.db").read_bytes() == db_before
     assert (course / "source" / ASSIGNMENT / "hidden.txt").read_text() == "HIDDEN-TEST-TEXT\n"
     assert (course / "autograded" / "bob" / ASSIGNMENT / "answers.txt").read_text() == "BOB-ANSWERS\n"
     assert home_probe.read_text() == "INSTRUCTOR-HOME\n"
     mine = course / "autograded" / "alice" / ASSIGNMENT
-    assert (mine / "data.txt").read_text() == "MY-DATA\ntampered"
-    assert (mine / "new_file.txt").read_text() == "tampered"
-    # the folder (and what the kernel wrote) belongs to its owner again after the kernel
-    assert os.stat(mine).st_uid == owner_before and os.stat(mine / "new_file.txt").st_uid == owner_before
+    assert (mine / "data.txt").read_text() == "MY-DATA\n"
+    assert sorted(p.name for p in mine.iterdir()) == ["data.txt"]
+    # the real folder was never handed to the kernel's user id
+    assert os.stat(mine).st_uid == owner_before and os.stat(mine / "data.txt").st_uid == owner_before
 
 
 @needs_bwrap
@@ -370,26 +371,34 @@ def test_opting_out_runs_unsandboxed_and_warns_once(course, tmp_path, monkeypatc
     assert len(warnings) == 1
 
 
-def test_the_bwrap_command_binds_nothing_of_the_course_but_the_notebook_folder(tmp_path):
+def test_the_bwrap_command_binds_nothing_of_the_course_only_a_scratch_at_the_notebook_folder(tmp_path):
     cwd = str(tmp_path / "course" / "autograded" / "alice" / "a1")
     cmd = sandbox.bwrap_command("/usr/bin/bwrap", ["python", "-m", "ipykernel_launcher"], cwd=cwd,
+                                scratch="/var/tmp/rlhf-scratch-x/work",
                                 readonly=[("/build/rlhf_lab", "/lib/rlhf_lab")], writable=["/tmp/rlhf-k-x"],
-                                uid=1500000, nproc=99, python="/venv/bin/python")
+                                uid=1500000, nproc=99, python="/venv/bin/python", tmp_bytes=123456)
     for flag in ("--unshare-pid", "--unshare-net", "--die-with-parent"):
         assert flag in cmd
     binds = [(cmd[i], cmd[i + 1], cmd[i + 2]) for i, a in enumerate(cmd) if a in ("--bind", "--ro-bind")]
-    assert ("--bind", cwd, cwd) in binds and ("--ro-bind", "/build/rlhf_lab", "/lib/rlhf_lab") in binds
-    assert not any(src.startswith(str(tmp_path)) and src != cwd for _, src, _ in binds)
+    assert ("--bind", "/var/tmp/rlhf-scratch-x/work", cwd) in binds
+    assert ("--ro-bind", "/build/rlhf_lab", "/lib/rlhf_lab") in binds
+    assert not any(src.startswith(str(tmp_path)) for _, src, _ in binds)  # not even the notebook folder
     assert ("--ro-bind", "/", "/") not in binds
+    tmpfs = cmd.index("/tmp", cmd.index("--tmpfs"))
+    assert cmd[tmpfs - 3:tmpfs] == ["--size", "123456", "--tmpfs"]
     tail = cmd[cmd.index("--") + 1:]
     assert tail[0] == "/venv/bin/python"
     assert tail[-5:] == ["1500000", "99", "python", "-m", "ipykernel_launcher"]
     with pytest.raises(ValueError, match="nproc"):
-        sandbox.bwrap_command("/usr/bin/bwrap", ["x"], cwd=cwd, readonly=[], writable=[], uid=-1, nproc=-1,
-                              python="p")
+        sandbox.bwrap_command("/usr/bin/bwrap", ["x"], cwd=cwd, scratch="/s", readonly=[], writable=[], uid=-1,
+                              nproc=-1, python="p")
     with pytest.raises(ValueError, match="cwd"):
-        sandbox.bwrap_command("/usr/bin/bwrap", ["x"], cwd="relative", readonly=[], writable=[], uid=-1, nproc=0,
-                              python="p")
+        sandbox.bwrap_command("/usr/bin/bwrap", ["x"], cwd="relative", scratch="/s", readonly=[], writable=[],
+                              uid=-1, nproc=0, python="p")
+    for scratch, writable in ((cwd, []), ("/s", [cwd])):  # the real folder is never mounted writable
+        with pytest.raises(ValueError, match="must not be mounted writable"):
+            sandbox.bwrap_command("/usr/bin/bwrap", ["x"], cwd=cwd, scratch=scratch, readonly=[],
+                                  writable=writable, uid=-1, nproc=0, python="p")
 
 
 def test_each_live_kernel_gets_its_own_user_id_and_a_freed_id_is_reused(tmp_path):
@@ -421,7 +430,7 @@ TOY_ANSWERS = {
              "    report['net'] = 'connected'\n"
              "except OSError as exc:\n"
              "    report['net'] = type(exc).__name__\n"
-             "json.dump(report, open('report.json', 'w'))\n"
+             "print('REPORT ' + json.dumps(report))\n"
              "def add(a, b):\n    return a + b"),
     "wrong": "def add(a, b):\n    return a - b",
 }
@@ -480,6 +489,8 @@ def test_nbgrader_autograde_of_a_toy_course_runs_in_the_sandbox(tmp_path):
     with Gradebook(f"sqlite:///{gradebook}") as gb:
         scores = {name: gb.find_submission(TOY, name).score for name in TOY_ANSWERS}
     assert scores == {"correct": 2.0, "nosy": 2.0, "wrong": 0.0}
-    report = json.loads((root / "autograded" / "nosy" / TOY / "report.json").read_text())
+    graded = nbformat.read(root / "autograded" / "nosy" / TOY / "toy.ipynb", as_version=4)
+    report = next(json.loads(line.split(" ", 1)[1]) for c in graded.cells for o in c.get("outputs", [])
+                  for line in o.get("text", "").splitlines() if line.startswith("REPORT "))
     assert report["gradebook"] is False and report["source"] is False and report["classmate"] is False
     assert report["net"] != "connected"

@@ -8,7 +8,10 @@ compilations per ``a2_ppo_rlhf`` submission, a third of its grading time.
 This module removes that cost without letting one student's kernel touch another's:
 
 * :func:`ensure_seed` runs the assignment's **source** notebooks (the instructor's solutions,
-  trusted code) once with JAX's persistent compilation cache switched on, and keeps the cache
+  trusted code) once with JAX's persistent compilation cache switched on, in the grading sandbox
+  (:class:`.sandbox.SandboxedKernelManager`: were ``source/`` ever overwritten, that code would
+  otherwise run as the grader; its kernels see the course read-only through nothing but their
+  scratch copy of the notebooks, and write only that scratch and the cache being built), and keeps the cache
   entries in ``<course root>/.cache/jax-compile-seed/<assignment>/`` with a ``MANIFEST.json``
   that records the SHA-256 of every entry and a key: the source notebooks, the course library,
   the JAX version and this machine's CPU. A seed whose key no longer matches is rebuilt; an
@@ -20,9 +23,9 @@ This module removes that cost without letting one student's kernel touch another
   reaches the seed or the next student. A missing, stale or damaged seed means no cache (the
   kernel compiles as before), never a wrong one.
 
-What it does not defend against: a kernel running as the grader's user could rewrite the seed
-itself, as it could rewrite the course library; ``docs/security.md`` explains how to run
-autograding of untrusted code under a separate user or in a container, where it cannot.
+Only regular files of the built cache become seed entries (links, FIFOs and the like a kernel
+left there are ignored). With ``RLHF_NO_SANDBOX=1`` the seed kernels run unsandboxed, like every
+grading kernel then (a warning says so).
 """
 from __future__ import annotations
 
@@ -90,18 +93,38 @@ def seed_key(root: Path, assignment: str) -> dict:
             "machine": machine_fingerprint(), "library": lib_hash.hexdigest(), "notebooks": notebooks}
 
 
-def _kernel_guard():
-    """:mod:`.kernel_guard`, loaded as ``nbgrader_config.py`` loads it (one module object per process)."""
+def _course_module(filename: str, name: str):
+    """A module of this folder loaded as ``nbgrader_config.py`` loads it (one module object per process)."""
     import importlib.util
     import sys
 
-    name = "rlhf_lab_course_kernel_guard"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("kernel_guard.py"))
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(filename))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def _sandbox():
+    """:mod:`.sandbox` (its kernel manager runs the seed kernels)."""
+    return _course_module("sandbox.py", "rlhf_lab_course_sandbox")
+
+
+def regular_files(folder: Path) -> list[Path]:
+    """The regular files under ``folder``, links not followed (nothing else can be a cache entry)."""
+    import stat
+
+    found = []
+    for current, dirs, files in os.walk(folder):  # os.walk does not descend into linked folders
+        for name in sorted(files):
+            path = Path(current) / name
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    found.append(path)
+            except OSError:
+                continue
+    return sorted(found)
 
 
 def seed_dir(root: str | os.PathLike, assignment: str) -> Path:
@@ -135,9 +158,11 @@ def ensure_seed(root: str | os.PathLike, assignment: str, *, force: bool = False
                 timeout: int = 300) -> SeedResult:
     """Build (or reuse) the seed of ``assignment`` by running its source notebooks once.
 
-    The notebooks run with nbclient in a scratch copy of ``source/<assignment>/`` (so the source
-    folder is never touched), with ``NBGRADER_EXECUTION=autograde`` as in autograding. A notebook
-    that fails is reported in ``problem`` and no seed is kept: a seed must come from a clean run.
+    The notebooks run with nbclient in a copy of ``source/<assignment>/`` (so the source folder is
+    never touched), with ``NBGRADER_EXECUTION=autograde`` as in autograding, each in the grading
+    sandbox with the full course library build (``library_build="full"``: the instructor's
+    solutions may call anything). A notebook that fails is reported in ``problem`` and no seed is
+    kept: a seed must come from a clean run.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -153,11 +178,13 @@ def ensure_seed(root: str | os.PathLike, assignment: str, *, force: bool = False
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"seed-{assignment}-", dir=folder.parent) as tmp:
         tmp = Path(tmp)
-        cache, work = tmp / "cache", tmp / "work"
-        shutil.copytree(root / "source" / assignment, work)
-        # the kernels start as grading kernels do (same launcher, limits and environment); the
-        # launcher points their JAX cache at `cache`
-        manager = _kernel_guard().LimitedKernelManager
+        # the folder is named after the assignment: the sandbox picks the library build by it
+        cache, work = tmp / "cache", tmp / "work" / assignment
+        shutil.copytree(root / "source" / assignment, work, symlinks=True)
+        cache.mkdir()
+        # the kernels start as grading kernels do (same sandbox, limits and environment); the
+        # launcher points their JAX cache at `cache`, the one folder they may write besides their scratch
+        manager = _sandbox().SandboxedKernelManager
         env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "PYTEST_CURRENT_TEST")}
         # (the launcher adds kernel_env(cache), CACHE_SETTINGS' log level included)
         env.update(NBGRADER_EXECUTION="autograde", JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
@@ -170,19 +197,25 @@ def ensure_seed(root: str | os.PathLike, assignment: str, *, force: bool = False
                                         kernel_manager_class=manager,
                                         extra_arguments=["--IPKernelApp.log_level=ERROR"],
                                         resources={"metadata": {"path": str(work)}})
-                client.km = manager(kernel_name="python3", seed_cache_dir=str(cache))
-                client.execute(env=env)
+                km = manager(kernel_name="python3", seed_cache_dir=str(cache), course_root=str(root),
+                             library_build="full", notebook_name=path.stem, compile_cache_root="")
+                client.km = km  # (nbclient drops its own reference when the run ends)
+                try:
+                    client.execute(env=env)
+                finally:  # also when the kernel died, which skips the manager's own cleanup
+                    km.release_sandbox()
             except Exception as exc:  # noqa: BLE001 - any failure means: no seed
                 return SeedResult(assignment, folder, 0, time.perf_counter() - t0, rebuilt=False,
                                   problem=f"{path.name} did not run cleanly: {type(exc).__name__}: "
                                           f"{str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}")
-        files = {p.relative_to(cache).as_posix(): _sha256(p) for p in sorted(cache.rglob("*")) if p.is_file()} \
-            if cache.exists() else {}
+        entries = regular_files(cache)
+        files = {p.relative_to(cache).as_posix(): _sha256(p) for p in entries}
         staged = tmp / "staged"
-        if cache.exists():
-            shutil.copytree(cache, staged)
-        else:
-            staged.mkdir()
+        staged.mkdir()
+        for path in entries:
+            target = staged / path.relative_to(cache)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target, follow_symlinks=False)
         (staged / MANIFEST).write_text(json.dumps({"key": key, "files": files}, indent=1, sort_keys=True) + "\n")
         old = folder.with_name(folder.name + ".old")
         if folder.exists():

@@ -48,7 +48,9 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
 import sys
+import threading
 
 from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -61,6 +63,8 @@ MIB = 1024 * 1024
 KERNEL_STOPPED = "KernelStopped"
 #: ``ename`` of the error output put on every later code cell, which did not run.
 NOT_RUN = "CellNotRun"
+#: Bytes of a kernel's own stdout/stderr (outside cells) the grader keeps; the rest is read and dropped.
+OUTPUT_KEEP = 64 * 1024
 
 
 def _compile_cache_module():
@@ -100,6 +104,63 @@ def limits_preexec(memory_mb: int, file_mb: int):
     return preexec
 
 
+class OutputTail:
+    """The read end of a kernel's stdout/stderr pipe, drained by a daemon thread until every writer
+    closed it (the kernel and everything it started are gone): the first ``keep`` bytes are kept in
+    :attr:`data`, the rest only counted (:attr:`total`), so a kernel cannot fill the grader's memory."""
+
+    def __init__(self, read_fd: int, keep: int = OUTPUT_KEEP):
+        self.data = bytearray()
+        self.total = 0
+        self.reported = False
+        self._fd, self._keep = read_fd, keep
+        self._thread = threading.Thread(target=self._drain, name="kernel-output", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                chunk = os.read(self._fd, 65536)
+                if not chunk:
+                    break
+                self.total += len(chunk)
+                room = self._keep - len(self.data)
+                if room > 0:
+                    self.data += chunk[:room]
+        except OSError:
+            pass
+        finally:
+            os.close(self._fd)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the end of the output; True when it ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def bwrap_lines(self, limit: int = 5, width: int = 200) -> list[str]:
+        """Up to ``limit`` lines that ``bwrap`` printed (they say why a sandbox did not start),
+        non-printable characters replaced and each cut to ``width`` characters."""
+        lines = []
+        for raw in bytes(self.data).splitlines():
+            if raw.startswith(b"bwrap: "):
+                text = raw.decode("utf-8", "replace")
+                lines.append("".join(ch if ch.isprintable() else "?" for ch in text)[:width])
+                if len(lines) == limit:
+                    break
+        return lines
+
+
+def isolated_stdio(kw: dict) -> OutputTail:
+    """Set the ``Popen`` keywords in ``kw`` so the kernel inherits no descriptor of the grader:
+    stdin ``/dev/null``, stdout and stderr a new pipe, every other descriptor closed. Returns the
+    reader of the pipe; the caller closes ``kw["stdout"]`` (the write end) once the kernel started."""
+    read_fd, write_fd = os.pipe()
+    os.set_inheritable(read_fd, False)
+    kw.update(stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, close_fds=True)
+    kw.pop("pass_fds", None)
+    return OutputTail(read_fd)
+
+
 class LimitedKernelManager(AsyncKernelManager):
     """An ``AsyncKernelManager`` whose kernels start under resource limits (see the module docstring)."""
 
@@ -132,6 +193,17 @@ class LimitedKernelManager(AsyncKernelManager):
 
     _kernel_pgid: int | None = None
     _cache_dir: str | None = None
+    _output: OutputTail | None = None
+
+    @property
+    def kernel_output(self) -> bytes:
+        """The first :data:`OUTPUT_KEEP` bytes the kernel wrote to its stdout/stderr (outside cells)."""
+        return bytes(self._output.data) if self._output is not None else b""
+
+    def kernel_memory_mb(self) -> int:
+        """The kernel's address-space limit (RLIMIT_AS) in MiB: :attr:`memory_mb` here; the
+        sandbox subtracts its private ``/tmp``, which is memory too."""
+        return self.memory_mb
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         env = dict(kw.get("env") or os.environ)
@@ -154,11 +226,30 @@ class LimitedKernelManager(AsyncKernelManager):
                 atexit.register(shutil.rmtree, str(copy), True)  # also if the grader stops abruptly
                 env.update(cc.kernel_env(copy))
         kw["env"] = env
-        kw["preexec_fn"] = limits_preexec(self.memory_mb, self.file_mb)
+        kw["preexec_fn"] = limits_preexec(self.kernel_memory_mb(), self.file_mb)
         kernel_cmd, kw = self.wrap_launch(list(kernel_cmd), kw)
-        await super()._async_launch_kernel(kernel_cmd, **kw)
+        self._output = isolated_stdio(kw)
+        try:
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+        finally:
+            os.close(kw["stdout"])  # the kernel holds its own copy of the write end
         provisioner = self.provisioner
         self._kernel_pgid = getattr(provisioner, "pgid", None)
+
+    def report_kernel_output(self, wait: float = 0.0) -> None:
+        """Log what ``bwrap`` printed (a sandbox that could not start says why) and how much the
+        kernel wrote outside cells; the output itself stays in :attr:`kernel_output`."""
+        tail = self._output
+        if tail is None or tail.reported:
+            return
+        if not tail.wait(wait):
+            return  # still open: reported at the next call (release_sandbox, cleanup)
+        tail.reported = True
+        for line in tail.bwrap_lines():
+            self.log.warning("kernel sandbox: %s", line)
+        if tail.total:
+            self.log.debug("the kernel wrote %d bytes to its stdout/stderr (first %d kept)",
+                           tail.total, OUTPUT_KEEP)
 
     def wrap_launch(self, kernel_cmd: list, kw: dict) -> tuple[list, dict]:
         """Last step before the kernel process starts: subclasses (the sandbox, :mod:`.sandbox`)
@@ -177,6 +268,7 @@ class LimitedKernelManager(AsyncKernelManager):
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         # Whatever the student's code left running in the kernel's group goes with the kernel.
         self.kill_process_group()
+        self.report_kernel_output(wait=0.5)
         if self._cache_dir:
             shutil.rmtree(self._cache_dir, ignore_errors=True)
             self._cache_dir = None

@@ -11,18 +11,29 @@ process-group kill, private JAX compilation cache) whose kernel process is start
 * **network**: none (``--unshare-net``: only a loopback interface that is down). The kernel talks
   to the grader over Jupyter's IPC transport: ZeroMQ Unix sockets in a private folder that only
   that kernel and the grader can use.
-* **files**: a private ``/tmp`` (tmpfs) as ``HOME``; read-only: ``/usr`` (``/usr/local`` hidden), the
-  dynamic linker's and name service's files of ``/etc``, the Python environment (the venv and the
-  base interpreter it points to) and the course library BUILD for the notebook being graded
-  (:mod:`.library_build`, mounted where the installed library lives); writable: only the
-  notebook's folder (``autograded/<student>/<assignment>/``), the kernel's IPC folder and its
-  private compile-cache copy. Nothing else exists in the sandbox: not the gradebook, ``source/``,
+* **files**: a private ``/tmp`` (tmpfs of at most :meth:`SandboxedKernelManager.tmp_limit_mb` MiB,
+  taken from the kernel's memory budget: RLIMIT_AS is lowered by the same amount) as ``HOME``;
+  read-only: ``/usr`` (``/usr/local`` hidden), the dynamic linker's and name service's files of
+  ``/etc``, the Python environment (the venv and the base interpreter it points to) and the course
+  library BUILD for the notebook being graded (:mod:`.library_build`, mounted where the installed
+  library lives); writable: the kernel's SCRATCH working folder, its IPC folder and its private
+  compile-cache copy. Nothing else exists in the sandbox: not the gradebook, ``source/``,
   ``release/``, ``submitted/``, other students' folders, the instructor's home, ``.git`` or the rest
   of the repository.
+* **scratch working folder**: the notebook's real folder (``autograded/<student>/<assignment>/``)
+  is never mounted in the sandbox. Before the kernel starts, its regular files and folders are
+  copied (:func:`copy_regular_tree`: links, FIFOs, sockets and devices are skipped with a log line
+  naming the student and the file; at most ``scratch_copy_mb`` MiB) into a new folder of the grader
+  (:class:`Scratch`, mode 0700, on disk, outside the course), which is bound AT THE REAL FOLDER'S
+  PATH inside the sandbox: the kernel's working directory and relative paths are unchanged. nbgrader
+  then writes the executed notebook (from memory) into the real folder, which no kernel could
+  touch: whatever the kernel left in its folder (links, FIFOs, sparse files) is deleted with the
+  scratch when the kernel stops, without following links. Scratch folders of a grader that was
+  killed are swept by the next kernel start (their lock is free).
 * **identity**: when the grader runs as root, the kernel runs as an unprivileged user id of its
   own (``uid_base`` + a slot held while the kernel lives) with no capabilities and no way to gain
-  any (bubblewrap sets ``no_new_privs``); the notebook folder is handed to that id while the
-  kernel runs and given back afterwards. ``RLIMIT_NPROC`` is not enforced for root (the kernel
+  any (bubblewrap sets ``no_new_privs``); the scratch is handed to that id (the real notebook
+  folder never is). ``RLIMIT_NPROC`` is not enforced for root (the kernel
   exempts uid 0 even inside a user namespace), which is why the kernel must not run as root.
   For a grader that is not root, bubblewrap runs unprivileged in a new user namespace, where the
   same limit counts only the sandbox's processes.
@@ -30,8 +41,9 @@ process-group kill, private JAX compilation cache) whose kernel process is start
 Without a working ``bwrap`` (not installed, or its self-test fails, e.g. user namespaces are
 disabled) the manager REFUSES to start a kernel (:class:`SandboxUnavailable`, with install
 instructions), unless the instructor opts out: ``RLHF_NO_SANDBOX=1`` or
-``c.SandboxedKernelManager.no_sandbox = True``. Then kernels run as before (rlimits only) and a
-loud warning says, once per process, that grades are not protected.
+``c.SandboxedKernelManager.no_sandbox = True``. Then kernels run as before (rlimits only, in the
+real notebook folder, no scratch, no bounded ``/tmp``) and a loud warning says, once per process,
+that grades are not protected.
 """
 from __future__ import annotations
 
@@ -43,6 +55,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -89,6 +102,17 @@ ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd",
 ENV_KEEP_PREFIXES = ("JAX_", "XLA_", "TF_CPP_", "NBGRADER_", "PYDEVD_", "LANG", "LC_", "OMP_", "OPENBLAS_",
                      "MKL_", "TZ", "TERM", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONUNBUFFERED",
                      "PYTHONIOENCODING", "MPLBACKEND", "COLUMNS", "CLICOLOR", "FORCE_COLOR", "NO_COLOR")
+
+#: Name prefix of the kernels' scratch folders, and the lock file a live one's grader holds.
+SCRATCH_PREFIX = "rlhf-scratch-"
+SCRATCH_LOCK = "held.lock"
+#: Most files and folders copied from a notebook folder into its scratch.
+SCRATCH_MAX_ENTRIES = 10_000
+#: A scratch folder whose lock is free is swept only when it is older than this (s): a grader
+#: that is still creating one has not taken its lock yet.
+SCRATCH_SWEEP_AGE = 60.0
+#: Largest private /tmp (MiB) when not configured: min(this, memory limit / 8).
+TMP_DEFAULT_MB = 512
 
 # Runs inside the sandbox as the kernel's first process, before ipykernel: drops root for the
 # kernel's own user id, sets the process limit, restores SIGINT (ignored by bwrap so that an
@@ -213,20 +237,27 @@ def _ancestors(path: str) -> list[str]:
     return ["/" + "/".join(parts[:i + 1]) for i in range(len(parts))]
 
 
-def bwrap_command(bwrap: str, kernel_cmd: list[str], *, cwd: str, readonly: list[tuple[str, str]],
-                  writable: list[str], uid: int, nproc: int, python: str) -> list[str]:
+def bwrap_command(bwrap: str, kernel_cmd: list[str], *, cwd: str, scratch: str, readonly: list[tuple[str, str]],
+                  writable: list[str], uid: int, nproc: int, python: str, tmp_bytes: int = 0) -> list[str]:
     """The full command line that runs ``kernel_cmd`` in the sandbox (a pure function).
 
-    ``readonly``: ``(host path, sandbox path)`` pairs; ``writable``: host paths mounted at the same
-    path; ``uid``: the kernel's user id (``-1``: keep the caller's); ``nproc``: RLIMIT_NPROC
-    (``0``: none); ``python``: the interpreter that runs the small launcher inside.
+    ``cwd``: the notebook folder's path, the kernel's working directory inside; ``scratch``: the
+    host folder mounted (writable) there, never ``cwd`` itself; ``readonly``: ``(host path,
+    sandbox path)`` pairs; ``writable``: host paths mounted at the same path; ``uid``: the kernel's
+    user id (``-1``: keep the caller's); ``nproc``: RLIMIT_NPROC (``0``: none); ``python``: the
+    interpreter that runs the small launcher inside; ``tmp_bytes``: size of the private ``/tmp``
+    (``0``: tmpfs default, half the machine's memory).
     """
     if not kernel_cmd:
         raise ValueError("kernel_cmd must be a non-empty list of arguments")
-    if not os.path.isabs(cwd):
-        raise ValueError(f"cwd must be an absolute path, got {cwd!r}")
+    if not os.path.isabs(cwd) or not os.path.isabs(scratch):
+        raise ValueError(f"cwd and scratch must be absolute paths, got {cwd!r} and {scratch!r}")
+    if os.path.normpath(scratch) == os.path.normpath(cwd) or cwd in writable:
+        raise ValueError(f"the notebook folder {cwd} must not be mounted writable: bind a scratch copy")
     if nproc < 0:
         raise ValueError(f"nproc must be >= 0 (0: no limit), got {nproc}")
+    if tmp_bytes < 0:
+        raise ValueError(f"tmp_bytes must be >= 0 (0: tmpfs default), got {tmp_bytes}")
     cmd = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
            "--die-with-parent", "--hostname", "grading-sandbox"]
     cmd += ["--ro-bind", "/usr", "/usr", "--tmpfs", "/usr/local"]
@@ -237,7 +268,10 @@ def bwrap_command(bwrap: str, kernel_cmd: list[str], *, cwd: str, readonly: list
             cmd += ["--ro-bind", top, top]
     for name in ETC_FILES:
         cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
+    if tmp_bytes:
+        cmd += ["--size", str(tmp_bytes)]
+    cmd += ["--tmpfs", "/tmp"]
     made: set[str] = {"/usr", "/tmp", "/proc", "/dev", "/etc"}
     targets = [dest for _, dest in readonly] + list(writable) + [cwd]
     for target in targets:
@@ -252,8 +286,7 @@ def bwrap_command(bwrap: str, kernel_cmd: list[str], *, cwd: str, readonly: list
         cmd += ["--ro-bind", src, dest]
     for path in writable:
         cmd += ["--bind", path, path]
-    if cwd not in writable:
-        cmd += ["--bind", cwd, cwd]
+    cmd += ["--bind", scratch, cwd]
     # jupyter_client sets JPY_PARENT_PID to the grader's pid, which does not exist in the PID
     # namespace (ipykernel would shut down at once); 1 (the namespace's init, the kernel's real
     # parent) switches ipykernel's parent polling off: --die-with-parent does that job
@@ -309,19 +342,6 @@ class UidSlot:
             self.fd = None
 
 
-def _owners(root: str) -> dict[str, tuple[int, int]]:
-    """Owner and group of ``root`` and everything under it (links not followed)."""
-    out = {}
-    for folder, dirs, files in os.walk(root):
-        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
-            try:
-                st = os.lstat(name)
-            except OSError:
-                continue
-            out[name] = (st.st_uid, st.st_gid)
-    return out
-
-
 def _chown_tree(root: str, uid: int, gid: int) -> None:
     for folder, dirs, files in os.walk(root):
         for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
@@ -331,16 +351,219 @@ def _chown_tree(root: str, uid: int, gid: int) -> None:
                 pass
 
 
-def _restore_owners(root: str, owners: dict[str, tuple[int, int]]) -> None:
-    """Give ``root``'s tree back: recorded entries to their owners, new ones to ``root``'s owner."""
-    default = owners.get(root, (os.getuid(), os.getgid()))
-    for folder, dirs, files in os.walk(root):
-        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
-            uid, gid = owners.get(name, default)
+# --- the scratch working folder -----------------------------------------------------------------
+
+def _filesystem_type(path: str) -> str:
+    """The file system type of the mount that holds ``path`` (from ``/proc/self/mounts``)."""
+    real, best, fstype = os.path.realpath(path), "", ""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount = parts[1].replace("\\040", " ")
+        if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+            best, fstype = mount, parts[2]
+    return fstype
+
+
+def default_scratch_parent() -> str:
+    """Where scratch folders are made: ``$RLHF_SANDBOX_SCRATCH_DIR``, else the first of ``/var/tmp``
+    and the temporary folder that is on disk (a tmpfs would count a notebook's data as memory)."""
+    configured = os.environ.get("RLHF_SANDBOX_SCRATCH_DIR", "").strip()
+    if configured:
+        return configured
+    for candidate in ("/var/tmp", tempfile.gettempdir()):
+        if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK) \
+                and _filesystem_type(candidate) not in ("tmpfs", "ramfs"):
+            return candidate
+    return tempfile.gettempdir()
+
+
+def _kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words."""
+    for test, name in ((stat.S_ISDIR, "folder"), (stat.S_ISREG, "file"), (stat.S_ISLNK, "symbolic link"),
+                       (stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _copy_regular_file(src: str, dest: str, st: os.stat_result, limit: int) -> int | None:
+    """Copy the regular file ``src`` (``st`` its ``lstat``) to the new file ``dest``, at most
+    ``limit`` bytes; the number of bytes, or None when ``src`` is not that file any more or is longer."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return None
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      (stat.S_IMODE(st.st_mode) & 0o777) | 0o600)
+        copied = 0
+        try:
+            while True:
+                chunk = os.read(fd, min(1 << 20, limit - copied + 1))
+                if not chunk:
+                    return copied
+                copied += len(chunk)
+                if copied > limit:
+                    break
+                os.write(out, chunk)
+        finally:
+            os.close(out)
+        os.unlink(dest)
+        return None
+    finally:
+        os.close(fd)
+
+
+def copy_regular_tree(src: str, dest: str, limit_bytes: int,
+                      max_entries: int = SCRATCH_MAX_ENTRIES) -> list[tuple[str, str]]:
+    """Copy the regular files and folders under ``src`` into the existing folder ``dest``, links
+    not followed; returns what was NOT copied as ``(path relative to src, why)``: symbolic links,
+    FIFOs, sockets, devices, and whatever would exceed ``limit_bytes`` in all or ``max_entries``."""
+    skipped: list[tuple[str, str]] = []
+    budget = {"bytes": limit_bytes, "entries": max_entries}
+
+    def walk(folder: str, target: str, rel: str) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            skipped.append((rel or ".", f"could not be listed ({exc.strerror})"))
+            return
+        for entry in entries:
+            path = os.path.join(rel, entry.name) if rel else entry.name
             try:
-                os.chown(name, uid, gid, follow_symlinks=False)
+                st = entry.stat(follow_symlinks=False)
+            except OSError as exc:
+                skipped.append((path, f"could not be read ({exc.strerror})"))
+                continue
+            kind = _kind(st.st_mode)
+            if kind not in ("folder", "file"):
+                skipped.append((path, f"is a {kind}, not a regular file or folder"))
+                continue
+            budget["entries"] -= 1
+            if budget["entries"] < 0:
+                skipped.append((path, f"is beyond the first {max_entries} files and folders"))
+                continue
+            out = os.path.join(target, entry.name)
+            if kind == "folder":
+                os.mkdir(out, 0o700)
+                walk(entry.path, out, path)
+                os.chmod(out, (stat.S_IMODE(st.st_mode) & 0o777) | 0o700)
+                continue
+            copied = None
+            if st.st_size <= budget["bytes"]:
+                try:
+                    copied = _copy_regular_file(entry.path, out, st, budget["bytes"])
+                except OSError as exc:
+                    skipped.append((path, f"could not be copied ({exc.strerror})"))
+                    continue
+            if copied is None:
+                skipped.append((path, f"is larger ({st.st_size} bytes) than what is left of the "
+                                      f"{limit_bytes}-byte limit on a notebook folder's files"))
+                continue
+            budget["bytes"] -= copied
+
+    walk(src, dest, "")
+    return skipped
+
+
+def remove_tree(path: str) -> bool:
+    """Delete the folder ``path`` and everything in it without following links, also folders the
+    kernel made unreadable (their owner may add permissions); True when it is gone."""
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            os.unlink(path)
+            return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    for folder, dirs, _ in os.walk(path):
+        for name in dirs:
+            sub = os.path.join(folder, name)
+            try:
+                st = os.lstat(sub)
+                if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o700 != 0o700:
+                    os.chmod(sub, stat.S_IMODE(st.st_mode) | 0o700)
             except OSError:
                 pass
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
+
+
+class Scratch:
+    """A kernel's private working folder: ``<parent>/rlhf-scratch-XXXX/`` (mode 0700, the grader's)
+    holding ``work/``, the folder bound at the notebook folder's path in the sandbox, and a lock
+    file held (``flock``) while the kernel lives, so that :func:`sweep_stale_scratches` removes
+    only the folders of graders that died."""
+
+    def __init__(self, parent: str):
+        self.root = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent)
+        self._lock = os.open(os.path.join(self.root, SCRATCH_LOCK),
+                             os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self.work = os.path.join(self.root, "work")
+        os.mkdir(self.work, 0o700)
+
+    def remove(self) -> bool:
+        """Delete the scratch (links not followed) and free its lock; True when it is gone."""
+        gone = remove_tree(self.root)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+        return gone
+
+
+def sweep_stale_scratches(parent: str) -> int:
+    """Remove the scratch folders in ``parent`` whose grader died (lock free, older than
+    :data:`SCRATCH_SWEEP_AGE`, owned by this user, not a link); returns how many."""
+    import time
+
+    removed = 0
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(SCRATCH_PREFIX)]
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() \
+                or time.time() - st.st_mtime < SCRATCH_SWEEP_AGE:
+            continue
+        try:
+            fd = os.open(os.path.join(path, SCRATCH_LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None
+        except OSError:
+            continue
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live kernel's scratch
+        removed += remove_tree(path)
+        if fd is not None:
+            os.close(fd)
+    return removed
+
+
+def describe_folder(notebook_dir: str) -> str:
+    """``student alice, assignment a1 (autograded/alice/a1)`` for a notebook folder, for log lines."""
+    nb = Path(notebook_dir)
+    if len(nb.parents) >= 2 and nb.parents[1].name == "autograded":
+        return f"student {nb.parent.name}, assignment {nb.name} (autograded/{nb.parent.name}/{nb.name})"
+    return f"notebook folder {notebook_dir}"
 
 
 def processes_of(uid: int) -> list[int]:
@@ -400,6 +623,20 @@ class SandboxedKernelManager(LimitedKernelManager):
         _env_int("RLHF_KERNEL_NPROC", _default_nproc()),
         help="Process (and thread) limit of the kernel inside the sandbox (RLIMIT_NPROC); 0 for none.",
     ).tag(config=True)
+    tmp_mb = Integer(
+        _env_int("RLHF_KERNEL_TMP_MB", 0),
+        help="Size of the kernel's private /tmp (tmpfs, memory) in MiB, subtracted from the address-space "
+             f"limit (RLIMIT_AS); 0: min({TMP_DEFAULT_MB}, memory_mb / 8). Never more than half of memory_mb.",
+    ).tag(config=True)
+    scratch_dir = Unicode(
+        "", help="Folder (on disk, outside the course) where each kernel's scratch working folder is made; "
+                 "empty: $RLHF_SANDBOX_SCRATCH_DIR, else /var/tmp or the temporary folder, whichever is on disk.",
+    ).tag(config=True)
+    scratch_copy_mb = Integer(
+        _env_int("RLHF_SANDBOX_COPY_MB", 512),
+        help="Most MiB of a notebook folder's files copied into the kernel's scratch (the rest is skipped "
+             "with a log line).",
+    ).tag(config=True)
     uid_base = Integer(
         _env_int("RLHF_SANDBOX_UID_BASE", 1_500_000),
         help="First user id given to kernels when the grader runs as root (one id per live kernel).",
@@ -427,8 +664,23 @@ class SandboxedKernelManager(LimitedKernelManager):
     _ipc_dir: str | None = None
     _sandbox_cache: str | None = None
     _slot: UidSlot | None = None
-    _owners: dict | None = None
+    _scratch: Scratch | None = None
     _notebook_dir: str | None = None
+
+    # -- limits ------------------------------------------------------------------------------------
+    def tmp_limit_mb(self) -> int:
+        """MiB of the private ``/tmp``: :attr:`tmp_mb`, or min(512, memory / 8); at most half the memory."""
+        memory = self.memory_mb
+        size = self.tmp_mb if self.tmp_mb > 0 else (min(TMP_DEFAULT_MB, memory // 8) if memory > 0
+                                                    else TMP_DEFAULT_MB)
+        return max(1, min(size, memory // 2)) if memory > 0 else size
+
+    def kernel_memory_mb(self) -> int:
+        """RLIMIT_AS of a sandboxed kernel: the memory limit less its private ``/tmp`` (a tmpfs is
+        memory that RLIMIT_AS does not count), so address space plus ``/tmp`` stay within ``memory_mb``."""
+        if self.no_sandbox or self.memory_mb <= 0:
+            return self.memory_mb
+        return self.memory_mb - self.tmp_limit_mb()
 
     # -- life cycle --------------------------------------------------------------------------------
     async def _async_pre_start_kernel(self, **kw):
@@ -462,12 +714,15 @@ class SandboxedKernelManager(LimitedKernelManager):
         if self._cache_dir:
             writable.append(self._cache_dir)
             self._sandbox_cache = self._cache_dir
+        if self.seed_cache_dir:  # building a compile-cache seed: the kernel fills this folder
+            os.makedirs(self.seed_cache_dir, mode=0o700, exist_ok=True)
+            writable.append(os.path.realpath(self.seed_cache_dir))
+        scratch = self._make_scratch(cwd)
         uid = -1
         if os.geteuid() == 0:
             self._slot = UidSlot(self.uid_base)
             uid = self._slot.uid
-            self._owners = _owners(cwd)
-            for path in [cwd, *writable]:
+            for path in [scratch.work, *writable]:
                 _chown_tree(path, uid, uid)
         kw["cwd"] = cwd
         kw["env"] = sandbox_env(kw.get("env") or os.environ)
@@ -482,28 +737,56 @@ class SandboxedKernelManager(LimitedKernelManager):
 
         kw["preexec_fn"] = preexec
         python = os.path.join(sys.prefix, "bin", "python")
-        return bwrap_command(self._bwrap, kernel_cmd, cwd=cwd, readonly=readonly, writable=writable,
-                             uid=uid, nproc=self.nproc, python=python), kw
+        return bwrap_command(self._bwrap, kernel_cmd, cwd=cwd, scratch=scratch.work, readonly=readonly,
+                             writable=writable, uid=uid, nproc=self.nproc, python=python,
+                             tmp_bytes=self.tmp_limit_mb() * _kernel_guard.MIB), kw
+
+    def _scratch_parent(self, notebook_dir: str) -> str:
+        """The folder for scratch folders; refuses one inside the course (the kernel's files must
+        never land where nbgrader or a classmate's grading reads)."""
+        parent = os.path.realpath(self.scratch_dir or default_scratch_parent())
+        root = os.path.realpath(self._course_root_for(notebook_dir))
+        if os.path.commonpath([parent, root]) == root or os.path.commonpath([parent, notebook_dir]) == notebook_dir:
+            raise SandboxUnavailable(
+                f"the kernel scratch folder {parent} is inside the course {root}: set "
+                f"c.SandboxedKernelManager.scratch_dir (or RLHF_SANDBOX_SCRATCH_DIR) to a folder outside it")
+        return parent
+
+    def _make_scratch(self, notebook_dir: str) -> Scratch:
+        """A fresh scratch holding copies of the notebook folder's regular files and folders."""
+        parent = self._scratch_parent(notebook_dir)
+        sweep_stale_scratches(parent)
+        self._scratch = Scratch(parent)
+        skipped = copy_regular_tree(notebook_dir, self._scratch.work, self.scratch_copy_mb * _kernel_guard.MIB)
+        for rel, why in skipped:
+            self.log.warning("%s: %s %s: not copied into the kernel's working folder, so the notebook "
+                             "cannot use it (grading goes on; remove or replace it if the notebook needs it)",
+                             describe_folder(notebook_dir), rel, why)
+        return self._scratch
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
         self.release_sandbox(keep_ipc=restart)
 
     def release_sandbox(self, keep_ipc: bool = False) -> None:
-        """Kill what is left of the sandbox, give the notebook folder back to its owner, free the
-        kernel's user id and remove its IPC folder. Idempotent; kernel_guard.Execute also calls it
-        after every notebook, because nbclient skips the manager's cleanup when a kernel died early."""
+        """Kill what is left of the sandbox, delete the kernel's scratch folder (links not followed),
+        free the kernel's user id and remove its IPC folder. Idempotent; kernel_guard.Execute also
+        calls it after every notebook, because nbclient skips the manager's cleanup when a kernel
+        died early, and it is registered with ``atexit`` for a grader that is interrupted."""
         self.kill_process_group()
         if self._slot is not None:
             # the kernel's user id is its own: once no process has it, the sandbox is gone and
             # nothing can write into the folders cleaned below any more
             _wait_until_no_process_of(self._slot.uid)
+        self.report_kernel_output(wait=0.5)
         if self._sandbox_cache and os.path.isdir(self._sandbox_cache):
             shutil.rmtree(self._sandbox_cache, ignore_errors=True)
         self._sandbox_cache = None
-        if self._owners is not None and self._notebook_dir:
-            _restore_owners(self._notebook_dir, self._owners)
-            self._owners = None
+        if self._scratch is not None:
+            if not self._scratch.remove():
+                self.log.warning("the kernel scratch folder %s could not be removed entirely; the next "
+                                 "kernel start removes it", self._scratch.root)
+            self._scratch = None
         if self._slot is not None:
             self._slot.release()
             self._slot = None
