@@ -107,9 +107,9 @@ def test_config_installs_both_hooks_on_autograde_only():
     assert pre.__self__ is post.__self__  # one instance: the report of the pre hook reaches the post hook
     assert Path(pre.__self__.root).resolve() == REPO.resolve()
     assert pre.__self__.db_url == own_db(REPO)
-    # feedback and generate_assignment are not checked against the submitted files
+    # generate_assignment is not checked; feedback has its own hook (planted links and special files)
     assert "pre_convert_hook" not in cfg.get("BaseConverter", {})
-    assert "pre_convert_hook" not in cfg.get("GenerateFeedback", {})
+    assert cfg.GenerateFeedback.pre_convert_hook.__self__ is pre.__self__  # the feedback's own pre hook
 
 
 def _hooks(root: Path):

@@ -169,28 +169,48 @@ def _source_layout(root: Path) -> dict:
     return out
 
 
-def _autograded_index(root: Path, student: str, assignment: str, notebook: str, cache: dict) -> dict:
+def _autograded_index(root: Path, student: str, assignment: str, notebook: str, cache: dict,
+                      refused: list | None = None) -> dict:
+    """``{grade_id: cell index}`` of the student's autograded notebook ({} when there is none).
+
+    The notebook is read only when it is a plain file in plain folders (:func:`.safe_files.read_text`):
+    a link, a FIFO or a hard link the student left in ``autograded/`` is never followed or opened;
+    its message (naming the student and the file) goes to ``refused`` and the index is empty.
+    """
     import nbformat
+
+    from . import safe_files
 
     key = (student, assignment, notebook)
     if key not in cache:
         path = root / "autograded" / student / assignment / f"{notebook}.ipynb"
         idx = {}
-        if path.exists():
+        unsafe = [p for p in (path.parent.parent, path.parent) if p.is_symlink()]
+        if unsafe:
+            if refused is not None:
+                refused.append(safe_files.refusal(unsafe[0], os.lstat(unsafe[0])).message)
+        elif os.path.lexists(path):
             try:
-                nb = nbformat.read(str(path), as_version=4)
+                nb = nbformat.reads(safe_files.read_text(path), as_version=4)
                 for i, cell in enumerate(nb.cells):
                     gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
                     if gid:
                         idx[gid] = i
+            except safe_files.UnsafeFileError as exc:
+                if refused is not None:
+                    refused.append(str(exc))
+                idx = {}
             except Exception:  # noqa: BLE001 - a broken autograded file just has no index
                 idx = {}
         cache[key] = idx
     return cache[key]
 
 
-def cell_rows(db_url: str, course_id: str, root: Path) -> list[dict]:
-    """One dict per student and graded cell (columns :data:`CELL_COLUMNS`), in gradebook order."""
+def cell_rows(db_url: str, course_id: str, root: Path, refused: list | None = None) -> list[dict]:
+    """One dict per student and graded cell (columns :data:`CELL_COLUMNS`), in gradebook order.
+
+    ``refused`` (a list) gets a message for every autograded notebook that was not read because it
+    is not a plain file (its rows have no ``autograded_index``)."""
     from nbgrader.api import Gradebook
 
     layout = _source_layout(root)
@@ -202,7 +222,7 @@ def cell_rows(db_url: str, course_id: str, root: Path) -> list[dict]:
                 for snb in sorted(sub.notebooks, key=lambda n: n.name):
                     nb = snb.notebook
                     solution_names = {c.name for c in nb.solution_cells}
-                    auto_idx = _autograded_index(root, sub.student.id, assignment.name, snb.name, cache)
+                    auto_idx = _autograded_index(root, sub.student.id, assignment.name, snb.name, cache, refused)
                     for g in sorted(snb.grades, key=lambda g: layout.get((assignment.name, snb.name, g.name), 0)):
                         cell = g.cell
                         if cell.name in solution_names:
@@ -277,7 +297,11 @@ def backup(root=None, db_url: str | None = None, out: str | os.PathLike | None =
         snap = snapshot_postgres(db_url, folder / "gradebook.pgdump")
         read_url = db_url  # pg_dump is consistent; the CSVs come from the same server
     export_assignment_csv(read_url, pipeline.COURSE_ID, folder / "grades.csv")
-    rows = cell_rows(read_url, pipeline.COURSE_ID, root)
+    from . import safe_files
+
+    safe_files.add_course_root(root)
+    refused: list = []
+    rows = cell_rows(read_url, pipeline.COURSE_ID, root, refused)
     write_cell_csv(rows, folder / "grades_by_cell.csv")
     files = {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in sorted(folder.iterdir())}
     manifest = {
@@ -287,6 +311,8 @@ def backup(root=None, db_url: str | None = None, out: str | os.PathLike | None =
         "snapshot": snap.name,
         "nbgrader_version": nbgrader.__version__,
         "cell_rows": len(rows),
+        # autograded notebooks not read (a link, a FIFO ... in a student folder): never followed
+        "refused": sorted(set(refused)),
         "files": files,
     }
     (folder / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -408,6 +434,8 @@ def _main(argv=None) -> int:
     manifest = json.loads((folder / "MANIFEST.json").read_text())
     print(f"backup written to {folder}: {manifest['snapshot']}, grades.csv, grades_by_cell.csv "
           f"({manifest['cell_rows']} graded cells), MANIFEST.json")
+    for message in manifest.get("refused", []):
+        print("NOT READ:", message)
     for p in problems:
         print("PROBLEM:", p)
     return 1 if problems else 0

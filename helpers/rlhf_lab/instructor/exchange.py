@@ -203,12 +203,52 @@ def collect(assignment: str, root=None, db_url: str | None = None, exchange: Pat
     return _ok(run_nbgrader(args, root, db_url), f"collect {assignment}")
 
 
-def release_feedback(assignment: str, root=None, db_url: str | None = None,
-                     exchange: Path | None = None) -> CommandRun:
-    """``nbgrader release_feedback A``: every ``feedback/<student>/A/`` into the exchange."""
+def unsafe_feedback(assignment: str, root=None) -> dict:
+    """``{student: [messages]}``: students whose ``feedback/<student>/<assignment>/`` must not be
+    released, because it (or the student's folder) is a link, or it holds a link, a FIFO, a socket,
+    a device, a hard link or an oversized file (:func:`.safe_files.check_no_links`). Nothing is
+    followed or opened to find out."""
+    from . import safe_files
+
     _check_name("assignment", assignment)
-    return _ok(run_nbgrader(["release_feedback", assignment, *_exchange_args(exchange)], root, db_url),
-               f"release_feedback {assignment}")
+    base = course_root(root) / "feedback"
+    safe_files.add_course_root(course_root(root))
+    out: dict = {}
+    for entry in sorted(os.listdir(base)) if base.is_dir() and not base.is_symlink() else []:
+        student_dir = base / entry
+        folder = student_dir / assignment
+        if student_dir.is_symlink() or not student_dir.is_dir():
+            out[entry] = [safe_files.refusal(student_dir, os.lstat(student_dir)).message
+                          if student_dir.is_symlink() else f"student {entry!r}: feedback/{entry} is not a folder"]
+            continue
+        if not os.path.lexists(folder):
+            continue
+        found = safe_files.check_no_links(folder)
+        if found:
+            out[entry] = [r.message for r in found]
+    return out
+
+
+def release_feedback(assignment: str, root=None, db_url: str | None = None,
+                     exchange: Path | None = None, refused: dict | None = None) -> CommandRun:
+    """``nbgrader release_feedback A``: every ``feedback/<student>/A/`` into the exchange.
+
+    Students whose feedback folder is not plain files only (:func:`unsafe_feedback`) are left out
+    (``--CourseDirectory.student_id_exclude``) and, when ``refused`` is a dict, listed there with
+    the reasons; the others are released. (The course's release plugin, installed by
+    ``nbgrader_config.py``, checks the same again, file by file, for bare ``nbgrader release_feedback``.)
+    """
+    _check_name("assignment", assignment)
+    bad = unsafe_feedback(assignment, root)
+    if refused is not None:
+        refused.update(bad)
+    for student, messages in sorted(bad.items()):
+        for message in messages:
+            print(f"release_feedback: NOT released: {message}", file=sys.stderr)
+    args = ["release_feedback", assignment, *_exchange_args(exchange)]
+    if bad:
+        args.append("--CourseDirectory.student_id_exclude=" + ",".join(sorted(bad)))
+    return _ok(run_nbgrader(args, root, db_url), f"release_feedback {assignment}")
 
 
 def fetch_feedback(assignment: str, student: str, home: str | os.PathLike, root=None,
@@ -238,7 +278,8 @@ def forget_students(students, root=None, exchange: Path | None = None) -> int:
     removed = 0
     for p in sorted(folder.iterdir()) if folder.is_dir() else []:
         if p.name.split("+", 1)[0] in students:
-            shutil.rmtree(p)
+            # a link (or a file) planted in inbound/ is removed itself, never what it points to
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
             removed += 1
     return removed
 

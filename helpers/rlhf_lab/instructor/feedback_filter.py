@@ -351,9 +351,35 @@ class _Parts:
         return {_squash(line) for text in self.inputs for line in text.split("\n") if line.strip()}
 
 
+def _safe_files():
+    """:mod:`rlhf_lab.instructor.safe_files` (this file is also loaded by its path, outside the package)."""
+    if __package__:
+        from . import safe_files
+
+        return safe_files
+    import importlib.util
+    import sys
+
+    name = "rlhf_lab_course_safe_files"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("safe_files.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def read_page(path: str | Path) -> str:
+    """The text of a feedback page, which must be a plain file (never a link, a FIFO or a hard link)
+    of at most :data:`.safe_files.MAX_FILE_BYTES`: :func:`.safe_files.read_text`, which raises
+    :class:`.safe_files.UnsafeFileError` (an :class:`OSError`) naming the student and the file."""
+    safe = _safe_files()
+    return safe.read_text(path, safe.MAX_FILE_BYTES, errors="replace")
+
+
 def html_text(path: str | Path) -> str:
     """The visible text of an HTML file (tags dropped, entities unescaped, whitespace normalised)."""
-    raw = Path(path).read_text(encoding="utf-8", errors="replace")
+    raw = read_page(path)
     raw = re.sub(r"<(script|style)\b.*?</\1>", " ", raw, flags=re.S | re.I)
     text = html.unescape(re.sub(r"<[^>]+>", "", raw))
     return text
@@ -367,8 +393,11 @@ def leaked_lines(html_path: str | Path, secret_lines: set[str], source_lines: se
     the same words is not a leak. ``source_lines`` (:func:`source_only_lines`) leak only from
     outputs, and only when they are not lines of the page's own code: the student's own code may
     well equal the instructor's answer, and a traceback quotes it.
+
+    The page is read with :func:`read_page`: a page that is a link, a FIFO or too large raises
+    :class:`.safe_files.UnsafeFileError` instead of being followed (or blocking).
     """
-    raw = Path(html_path).read_text(encoding="utf-8", errors="replace")
+    raw = read_page(html_path)
     parts = _Parts(raw)
     code = parts.input_lines()
     rest = _squash(" ".join(parts.outputs) + " " + " ".join(parts.other))
@@ -395,7 +424,10 @@ def check_feedback(feedback_dir: str | Path, source_dir: str | Path, release_dir
     answers = source_only_lines(source_dir, release_dir)
     out = {}
     for path in sorted(Path(feedback_dir).rglob("*.html")):
-        leaks = leaked_lines(path, secrets, answers)
+        try:
+            leaks = leaked_lines(path, secrets, answers)
+        except OSError as exc:  # a link, a FIFO, too large: not read, and not releasable
+            leaks = [f"[not checked: {exc}]"]
         if leaks:
             out[str(path)] = leaks
     return out

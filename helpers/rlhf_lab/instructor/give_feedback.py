@@ -22,7 +22,10 @@ def give_feedback(assignment: str, root=None, db_url: str | None = None, release
                   release: bool = True) -> dict:
     """Generate (holding back notebooks awaiting hand grading) and release feedback of ``assignment``.
 
-    Returns ``{"written": {student: [html]}, "held": {student: [notebook]}, "released": bool}``.
+    Returns ``{"written": {student: [html]}, "held": {student: [notebook]}, "released": bool,
+    "refused": {student: [reasons]}}``: a student whose feedback folder holds a link, a FIFO or
+    another file that is not plain (:func:`.exchange.unsafe_feedback`) is not released, and the
+    others are.
     """
     if assignment not in graded_assignments(root):
         raise ValueError(f"assignment must be one of {graded_assignments(root)}, got {assignment!r}")
@@ -30,9 +33,10 @@ def give_feedback(assignment: str, root=None, db_url: str | None = None, release
         raise TypeError(f"release must be True or False, got {release!r}")
     written = pipeline.feedback(assignment, root, db_url, release_pending=release_pending)
     held = {} if release_pending else pipeline.held_feedback(assignment, root, db_url)
+    refused: dict = exchange.unsafe_feedback(assignment, root) if not release else {}
     if release and written:
-        exchange.release_feedback(assignment, root, db_url)
-    return {"written": written, "held": held, "released": bool(release and written)}
+        exchange.release_feedback(assignment, root, db_url, refused=refused)
+    return {"written": written, "held": held, "released": bool(release and written), "refused": refused}
 
 
 def main(argv=None) -> int:
@@ -56,6 +60,8 @@ def main(argv=None) -> int:
     print(f"{args.assignment}: feedback for {len(out['written'])} students ({pages} notebooks), {where}")
     for sid, nbs in sorted(out["held"].items()):
         print(f"  held, awaiting hand grading: {sid}: {', '.join(nbs)}")
+    for sid, reasons in sorted(out["refused"].items()):
+        print(f"  NOT released, files that are not plain: {'; '.join(reasons)}")
     if out["held"]:
         print("grade those answers in Formgrader (Manual Grading) and run this again, or pass --release-pending")
     return 0

@@ -5,7 +5,8 @@ checks in :mod:`rlhf_lab.judging`) from the values the student's functions retur
 kernel cannot predict, and every kernel runs under bubblewrap with only the student's folder and a
 library build without the functions the notebook asks for (:mod:`rlhf_lab.instructor.sandbox`,
 :mod:`rlhf_lab.instructor.library_build`). Nothing a student cell does inside its kernel can change
-a grade, so this module does not read what the code does. It checks the submitted *files*: every
+a grade, so this module reads what the code does only to report it for review (the ``library-copy``,
+``rebinding`` and ``introspection`` rows below). It checks the submitted *files*: every
 ``submitted/<student>/<assignment>/`` folder against ``release/<assignment>/``. nbgrader restores
 locked cells from their checksums and re-reads points and kernels from the gradebook, but it
 refuses or misgrades some files: a notebook that is not JSON, renamed or taken from the other
@@ -39,8 +40,12 @@ not UTF-8, a newline or control character,        (``ascii()``); the rest of the
 ``* ? [ ]``, a leading dot                        (``student-id-unusable``)
 student folder with spaces, commas,        warn   graded normally; listed for roster matching
 quotes or non-ASCII (``student-id-characters``)   (the CSV export quotes the field)
-symbolic link / FIFO / device / socket     warn   moved out of the submission as it is (the
-(``symlink``, ``special-file``)                   link, never its target); nothing follows it
+symbolic link / FIFO / device / socket /   warn   moved out of the submission as it is (the
+hard link (``symlink``, ``special-file``)         link, never its target); nothing follows it
+file over 100 MiB, sparse or not           warn   moved out of the submission (never copied)
+(``oversized-file``)
+the student's folder or assignment folder  block  the link moved out (never followed); the
+is a link or not a folder (``folder-link``)       student is not graded (the class is)
 file name not UTF-8 or with a control      warn   moved out of the submission
 character (``file-name``)
 extra file, or one that shadows an         warn   nbgrader copies extra files beside the
@@ -65,6 +70,13 @@ wrong kernel name / language, points or    warn   nbgrader uses the release's va
 locks changed
 answer function equal to a library         warn   reported for review; the answer is judged on
 function up to names (``library-copy``)           its outputs like any other
+a statement in an answer or added cell     block  the test cells at or below that cell are
+that rebinds an attribute of JAX, NumPy,          withheld for review (:mod:`.rebinding`); one
+builtins or the course library, or                finding per statement, at most 10 per
+``sys.modules`` (``rebinding``)                   notebook, then one summing up the rest
+a statement that reads frames, the         block  the same (``jax.config.update(...)``,
+garbage collector, tracing or ``ctypes``          ``np.random.seed(0)`` and reading attributes
+(``introspection``)                               are not findings)
 =========================================  =====  =============================================
 
 Repairs and moves happen only when ``quarantine`` is true (the default; ``--no-quarantine`` only
@@ -92,7 +104,6 @@ import dataclasses
 import functools
 import json
 import os
-import shutil
 import sys
 import unicodedata
 from pathlib import Path
@@ -100,6 +111,7 @@ from typing import Iterable
 
 import nbformat
 
+from . import safe_files
 from .course import COURSE_ID, Course, course_root, default_db_url, ensure_venv_on_path
 
 BLOCK = "block"
@@ -113,6 +125,8 @@ NBGRADER_EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
 QUARANTINE = "integrity/quarantine"
 REPORT_TEMPLATE = "integrity/{assignment}.json"
 COMMENT_TAG = "[integrity]"
+#: Largest notebook the pre-flight reads (a larger one is an ``invalid-notebook``).
+MAX_NOTEBOOK_BYTES = safe_files.MAX_FILE_BYTES
 
 
 # --------------------------------------------------------------------------------------- findings
@@ -185,8 +199,9 @@ class IntegrityReport:
         return out
 
     def ungradable(self) -> list:
-        """Students nbgrader must not be run for (their folder name cannot be addressed)."""
-        return sorted({f.student for f in self.findings if f.code == "student-id-unusable"})
+        """Students nbgrader must not be run for (their folder name cannot be addressed, or their
+        folder is a link)."""
+        return sorted({f.student for f in self.findings if f.code in ("student-id-unusable", "folder-link")})
 
     def to_dict(self) -> dict:
         return {"assignment": self.assignment, "students": self.students,
@@ -335,6 +350,32 @@ class _Checker:
         self.quarantine = quarantine  # False: report only, change no file
         self.shadowable = _shadowable_names()
 
+    def check_folder_itself(self, student: str, student_dir: Path, folder: Path) -> list[Finding]:
+        """The ``folder-link`` finding when the student's folder or assignment folder is a link or
+        not a folder ([] when both are plain folders); the link is moved out, never followed."""
+        import stat
+
+        for path in (student_dir, folder):
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return []
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            what = safe_files.kind_of(st)
+            rel = path.relative_to(self.root)
+            finding = Finding(student=student, assignment=self.assignment, notebook=None, cell=None, grade_id=None,
+                              line=None, code="folder-link", severity=BLOCK, withhold=self.all_autograded(),
+                              message=f"{rel} is a {what}, not a folder of the student's files; it was never "
+                                      "followed and this student is not graded (the rest of the class is): "
+                                      "collect the submission again as a plain folder and grade again")
+            if not self.quarantine:
+                return [finding]
+            moved = safe_files.move_aside(path, self.root / QUARANTINE / student / self.assignment / ".folder")
+            return [dataclasses.replace(finding, action=f"moved to {Path(moved).relative_to(self.root)}"
+                                        if moved else "removed")]
+        return []
+
     def all_autograded(self) -> tuple:
         return tuple((nb, gid) for nb, spec in self.specs.items() for gid in spec.autograded_ids)
 
@@ -366,6 +407,14 @@ class _Checker:
             if any(part in (".ipynb_checkpoints", "__pycache__") for part in rel.parts):
                 continue
             special = _special_kind(path)
+            if special.startswith("file of "):
+                out.append(self._quarantine(F(
+                    notebook=_readable_rel(rel), cell=None, grade_id=None, line=None, code="oversized-file",
+                    severity=WARN, message=f"{_readable_rel(rel)} is a {special}, more than the "
+                                           f"{safe_files.MAX_FILE_BYTES // (1024 * 1024)} MiB accepted (a sparse "
+                                           "file counts at the size it claims); it was never read or copied: it "
+                                           "was moved out of the submission"), student, path))
+                continue
             if special:
                 out.append(self._quarantine(F(
                     notebook=_readable_rel(rel), cell=None, grade_id=None, line=None,
@@ -393,7 +442,7 @@ class _Checker:
                 continue
             if len(rel.parts) == 1 and path.suffix == ".ipynb":
                 present[path.name] = path
-            elif len(rel.parts) == 1 and path.name in NBGRADER_EXCHANGE_FILES and path.stat().st_size <= 4096:
+            elif len(rel.parts) == 1 and path.name in NBGRADER_EXCHANGE_FILES and os.lstat(path).st_size <= 4096:
                 continue  # written by `nbgrader submit` into every exchange submission: not the student's
             else:
                 extras.append((rel, path))
@@ -408,7 +457,7 @@ class _Checker:
                             "the submission and the notebook graded without it"), student, path))
             else:
                 out.append(F(notebook=str(rel), cell=None, grade_id=None, line=None, code="extra-file",
-                             severity=WARN, message=f"extra file {rel} ({path.stat().st_size} bytes) is not part "
+                             severity=WARN, message=f"extra file {rel} ({os.lstat(path).st_size} bytes) is not part "
                                                     "of the assignment; nbgrader copies it beside the notebooks"))
         # -- notebooks
         parsed = {}
@@ -472,22 +521,15 @@ class _Checker:
         return best if score else None
 
     def _quarantine(self, finding: Finding, student: str, path: Path) -> Finding:
-        """Move ``path`` (the link itself, never its target) to the quarantine folder; record why."""
+        """Move ``path`` (the link itself, never its target) to the quarantine folder; record why.
+
+        Only ``lstat`` and ``rename`` touch it (:func:`.safe_files.move_aside`): across file systems
+        a link or special file is removed, never copied as its target."""
         if not self.quarantine:
             return finding
         dest_dir = self.root / QUARANTINE / student / self.assignment
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        dest = dest_dir / path.name
-        if dest.exists() or dest.is_symlink():
-            shutil.rmtree(dest) if dest.is_dir() and not dest.is_symlink() else dest.unlink()
-        try:
-            os.rename(path, dest)  # same file system: moves links and FIFOs as they are
-        except OSError:
-            if path.is_symlink() or _special_kind(path):
-                path.unlink()  # never copy a link or a special file as its target
-                dest = None
-            else:
-                shutil.move(str(path), str(dest))
+        moved = safe_files.move_aside(path, dest_dir)
+        dest = Path(moved) if moved is not None else None
         where = f"moved to {dest.relative_to(self.root)}" if dest is not None else "removed"
         finding = dataclasses.replace(finding, action=where)
         (dest_dir / (path.name + ".finding.json")).write_text(json.dumps(finding.to_dict(), indent=1) + "\n")
@@ -498,8 +540,11 @@ class _Checker:
         dest_dir = self.root / QUARANTINE / student / self.assignment
         dest_dir.mkdir(parents=True, exist_ok=True)
         original = dest_dir / (path.name + ".before-repair")
-        shutil.copyfile(path, original)
-        nbformat.write(repaired, str(path))
+        if os.path.lexists(original):
+            os.unlink(original)
+        safe_files.copy_file_safely(path, original, MAX_NOTEBOOK_BYTES)
+        # a new file renamed over the old name: never written through a link swapped in meanwhile
+        safe_files.write_bytes_replacing(path, (nbformat.writes(repaired) + "\n").encode("utf-8"))
         out = []
         k = 0
         for f in findings:
@@ -690,6 +735,8 @@ class _Checker:
         for copy_ in _library_copies(nb):
             out.append(F(cell=None, grade_id=copy_.cell, line=copy_.line, code="library-copy", severity=WARN,
                          message=f"{copy_}; reported for review (the answer is judged on its outputs)"))
+        # statements that rebind JAX, NumPy, builtins or the course library: withheld for review
+        out.extend(_rebinding_findings(F, name, spec, nb))
         return out
 
 
@@ -732,29 +779,28 @@ def _readable_rel(rel: Path) -> str:
 
 
 def _walk(folder: Path):
-    """Every path under ``folder``, never descending into a linked folder."""
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        for n in dirnames + filenames:
-            yield Path(dirpath) / n
+    """Every path under ``folder`` (``lstat`` only, :func:`.safe_files.walk`): plain files and folders,
+    then what the walk refused (links, FIFOs, sockets, devices, hard links), never entered or opened."""
+    refused: list = []
+    found = [Path(p) for p, _ in safe_files.walk(folder, refused, max_bytes=None, max_links=None)]
+    return found + [Path(r.path) for r in refused]
 
 
 def _special_kind(path: Path) -> str:
-    """"symbolic link", "named pipe (FIFO)", ... for anything that is not a plain file or folder."""
-    import stat
-
+    """"symbolic link", "named pipe (FIFO)", "hard link ...", "file of N MiB" ... for anything that is
+    not a plain file or folder within :data:`.safe_files.MAX_FILE_BYTES` ("" for those)."""
     try:
-        mode = os.lstat(path).st_mode
+        st = os.lstat(path)
     except OSError:
         return ""
-    if stat.S_ISLNK(mode):
-        return "symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "named pipe (FIFO)"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device file"
-    return ""
+    found = safe_files.refusal(path, st, max_bytes=safe_files.MAX_FILE_BYTES)
+    if found is None:
+        return ""
+    if found.kind == "hard link":
+        return found.reason[len("is a "):]
+    if found.kind == "too large":
+        return f"file of {st.st_size / (1024 * 1024):.1f} MiB"
+    return found.kind
 
 
 def _with_type(cell, cell_type: str):
@@ -816,6 +862,70 @@ def _library_copies(nb) -> list:
         return []
 
 
+#: At most this many ``rebinding`` / ``introspection`` findings per notebook (then one for the rest).
+MAX_REBINDING_FINDINGS = 10
+_REBINDING_WHY = ("grades come from the judge and the grader's own jax.grad; code that rewrites JAX, NumPy, "
+                  "builtins or the course library is reviewed by the instructor before these points count; "
+                  "remove it and ask for a regrade")
+_INTROSPECTION_WHY = ("grades come from the judge and the grader's own jax.grad; code that reaches into the "
+                      "kernel's frames, objects or tracing is reviewed by the instructor before these points "
+                      "count; remove it and ask for a regrade")
+
+
+def _rebinding_findings(F, name: str, spec: NotebookSpec, nb) -> list:
+    """``rebinding`` / ``introspection`` findings of one notebook (:func:`.rebinding.scan_cells`).
+
+    Cells read: every code cell except the release's locked cells (given and test cells, matched by
+    grade id: nbgrader runs the release's text for those, so that text is what is read for the
+    names they import, and nothing in them is reported). Each hit withholds the test cells at or
+    below its cell in the submitted notebook. ``F`` builds a :class:`Finding` of this notebook."""
+    from . import rebinding
+
+    try:
+        locked = {c.grade_id: c for c in spec.cells if c.kind in ("given", "test")}
+        sources, scanned, tests_at = [], set(), {}
+        for i, cell in enumerate(nb.cells):
+            gid = _nbg(cell).get("grade_id")
+            cspec = spec.by_id(gid) if gid else None
+            if cspec is not None and cspec.kind == "test":
+                tests_at.setdefault(gid, i)
+            if gid in locked:
+                sources.append(locked[gid].source if locked[gid].cell_type == "code" else "")
+                continue
+            # an answer cell saved as another type is restored to code by the repair and runs
+            is_code = (cspec.cell_type if cspec is not None else cell.get("cell_type")) == "code"
+            sources.append(_source(cell) if is_code else "")
+            if is_code:
+                scanned.add(i)
+        hits = [(i, hit) for i, hit in rebinding.scan_cells(sources) if i in scanned]
+    except Exception:  # noqa: BLE001 - a text check must never stop the pre-flight
+        return []
+
+    def withheld(index: int) -> tuple:
+        return tuple((name, gid) for gid, at in sorted(tests_at.items(), key=lambda kv: kv[1]) if at >= index)
+
+    out = []
+    for i, hit in hits[:MAX_REBINDING_FINDINGS]:
+        text = hit.text if len(hit.text) <= 120 else hit.text[:117] + "..."
+        if hit.kind == rebinding.REBIND:
+            code, message = "rebinding", f"`{text}` rewrites {hit.target}; {_REBINDING_WHY}"
+        else:
+            code, message = "introspection", f"`{text}` reaches into the kernel ({hit.target}); {_INTROSPECTION_WHY}"
+        out.append(F(cell=i, grade_id=_nbg(nb.cells[i]).get("grade_id"), line=hit.line, code=code,
+                     severity=BLOCK, withhold=withheld(i), message=message))
+    rest = hits[MAX_REBINDING_FINDINGS:]
+    if rest:
+        i, hit = rest[0]
+        cells = ", ".join(str(c) for c in dict.fromkeys(c for c, _ in rest))
+        only_introspection = all(h.kind != rebinding.REBIND for _, h in rest)
+        out.append(F(cell=i, grade_id=_nbg(nb.cells[i]).get("grade_id"), line=hit.line,
+                     code="introspection" if only_introspection else "rebinding", severity=BLOCK,
+                     withhold=withheld(i),
+                     message=f"{len(rest)} more statement(s) like these (in cell(s) {cells}) are not listed one by "
+                             f"one; {_INTROSPECTION_WHY if only_introspection else _REBINDING_WHY}"))
+    return out
+
+
 def _start_spec(spec: NotebookSpec) -> CellSpec | None:
     """The release's first code cell when it is a locked given cell (``grading.start()``)."""
     for c in spec.cells:
@@ -831,7 +941,9 @@ def _norm(source: str) -> str:
 def _read(path: Path):
     """Parse and validate a notebook file: (notebook, None) or (None, why it is broken)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = safe_files.read_text(path, MAX_NOTEBOOK_BYTES)
+    except safe_files.UnsafeFileError as exc:  # changed since the walk looked at it
+        return None, f"not a plain file any more ({exc.refusal.reason})"
     except UnicodeDecodeError:
         return None, "not UTF-8 text"
     try:
@@ -865,19 +977,21 @@ def preflight(assignment: str, root=None, students: Iterable[str] | None = None,
     re-run reports the same problems. Writes ``integrity/<assignment>.json`` in the course root.
     """
     root = _course_root(root)
+    safe_files.add_course_root(root)
     specs = release_specs(root, assignment)
     others = _other_assignments(root, assignment)
     checker = _Checker(root, assignment, specs, others, quarantine)
     sub = root / "submitted"
     wanted = set(students) if students is not None else None
-    folders = sorted(p for p in sub.iterdir() if p.is_dir() and (p / assignment).is_dir()) if sub.is_dir() else []
+    folders = sorted(p for p in sub.iterdir() if _submission_entry(p, assignment)) if sub.is_dir() else []
     findings, checked = [], []
     for folder in folders:
         student = folder.name
         if wanted is not None and student not in wanted:
             continue
         checked.append(student)
-        fresh = checker.check_student(student, folder / assignment)
+        linked = checker.check_folder_itself(student, folder, folder / assignment)
+        fresh = linked if linked else checker.check_student(student, folder / assignment)
         keys = {(f.code, f.notebook) for f in fresh}
         qdir = root / QUARANTINE / student / assignment
         old = []
@@ -901,6 +1015,16 @@ def preflight(assignment: str, root=None, students: Iterable[str] | None = None,
         path.write_text(json.dumps(report.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8",
                         errors="backslashreplace")  # a folder name that is not UTF-8 stays readable
     return report
+
+
+def _submission_entry(student_dir: Path, assignment: str) -> bool:
+    """Whether ``submitted/<student>/<assignment>`` exists as anything (a folder, or a link or file
+    where the folder should be: those are findings, see :meth:`_Checker.check_folder_itself`)."""
+    try:
+        os.lstat(student_dir / assignment)
+        return True
+    except OSError:
+        return os.path.islink(student_dir)  # a linked student folder whose target lacks the assignment
 
 
 def scan_notebook_file(path, release_path) -> list[Finding]:

@@ -135,6 +135,12 @@ def collect(submissions_dir: str | os.PathLike, root=None, names: Iterable[str] 
     This is nbgrader's ``submitted/`` layout, filled from a plain folder (the bundled examples, an
     LMS download unpacked by student) instead of nbgrader's exchange. Only known assignments are
     copied; anything else is reported in ``problems``. ``clean`` replaces an earlier copy.
+
+    Nothing is followed (:func:`.safe_files.copy_tree_safely`): links and FIFOs are made again as
+    what they are (a link with the same text, a new FIFO) so the integrity pre-flight reports and
+    moves them; sockets, devices, hard links and files over the size limit are not copied and are
+    reported in ``problems``; a student or assignment folder that is a link, or a submission over
+    the total limit, is not collected (also in ``problems``). The other students are collected.
     """
     root = course_root(root)
     subs = Path(submissions_dir)
@@ -145,7 +151,15 @@ def collect(submissions_dir: str | os.PathLike, root=None, names: Iterable[str] 
         student = student_dir.name
         if wanted is not None and student not in wanted:
             continue
+        if student_dir.is_symlink():
+            problems[(student, "")] = (f"student {student!r}: the folder {student_dir} is a symbolic link; it "
+                                       "was not followed or collected: hand in a plain folder")
+            continue
         for adir in sorted(p for p in student_dir.iterdir()):
+            if adir.is_symlink():
+                problems[(student, adir.name)] = (f"student {student!r}: {adir} is a symbolic link, not a folder; "
+                                                  "it was not followed or collected: hand in a plain folder")
+                continue
             if not adir.is_dir():
                 problems[(student, "")] = f"unexpected file {adir.name!r} beside the assignment folders"
                 continue
@@ -153,26 +167,50 @@ def collect(submissions_dir: str | os.PathLike, root=None, names: Iterable[str] 
                 problems[(student, adir.name)] = f"unknown assignment folder {adir.name!r}"
                 continue
             dest = root / "submitted" / student / adir.name
-            if dest.exists() and clean:
-                shutil.rmtree(dest)
-            shutil.copytree(adir, dest, dirs_exist_ok=True, symlinks=True,  # links stay links (never their target)
-                            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
-                            copy_function=_copy_plain_or_fifo)
+            if os.path.lexists(dest) and clean:
+                shutil.rmtree(dest) if dest.is_dir() and not dest.is_symlink() else dest.unlink()
+            refused: list = []
+            try:
+                _collect_one(adir, dest, refused)
+            except OSError as exc:  # safe_files.UnsafeFileError included: the student alone is not collected
+                why = dataclasses.replace(exc.refusal, student=student).message if hasattr(exc, "refusal") else exc
+                problems[(student, adir.name)] = f"not collected: {why}"
+                continue
+            if refused:  # a plain folder of submissions: the student is the folder, not read from the path
+                problems[(student, adir.name)] = "; ".join(dataclasses.replace(r, student=student).message
+                                                           for r in refused)
             collected.append((student, adir.name))
     return CollectResult(collected, problems)
 
 
-def _copy_plain_or_fifo(src, dst):
-    """``shutil.copy2`` for plain files; a FIFO is made again as a FIFO (never opened, so never a hang)
-    and other special files are left out; the integrity pre-flight reports and moves them."""
-    import stat
+def _collect_one(adir: Path, dest: Path, refused: list) -> None:
+    """Copy one submission folder into ``dest`` (merged into an existing copy when ``clean`` was off)."""
+    from . import safe_files
 
-    mode = os.lstat(src).st_mode
-    if stat.S_ISFIFO(mode):
-        os.mkfifo(dst)
-    elif stat.S_ISREG(mode):
-        shutil.copy2(src, dst)
-    return dst
+    ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
+    if not os.path.lexists(dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        safe_files.copy_tree_safely(adir, dest, keep_special=True, refused=refused, ignore=ignore)
+        return
+    staging = dest.with_name(f".{dest.name}.collect-{os.getpid()}")
+    if os.path.lexists(staging):
+        shutil.rmtree(staging)
+    safe_files.copy_tree_safely(adir, staging, keep_special=True, refused=refused, ignore=ignore)
+    try:  # staging is this process's own fresh copy: plain os.walk (never into a link) is enough
+        for dirpath, dirnames, filenames in os.walk(staging, followlinks=False):
+            for name in dirnames + filenames:
+                src = Path(dirpath) / name
+                target = dest / src.relative_to(staging)
+                if src.is_dir() and not src.is_symlink():
+                    if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
+                        target.unlink()
+                    target.mkdir(exist_ok=True)
+                else:
+                    if os.path.lexists(target):
+                        shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+                    os.rename(src, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def already_submitted(root=None, names: Iterable[str] | None = None,
@@ -263,7 +301,7 @@ def feedback(assignment: str, root=None, db_url: str | None = None,
         for sid, nbs in held_feedback(assignment, root, db_url).items():
             for nb in nbs:
                 path = root / "feedback" / sid / assignment / f"{nb}.html"
-                if path.exists():
+                if os.path.lexists(path):  # a link is removed itself, never its target
                     path.unlink()
     found = check_written_feedback(assignment, root)
     if leaks is not None:
@@ -289,7 +327,10 @@ def check_written_feedback(assignment: str, root=None, remove: bool = True) -> d
     answers = feedback_filter.source_only_lines(root / "source", root / "release")
     out = {}
     for page in pages:
-        found = feedback_filter.leaked_lines(page, secrets, answers)
+        try:
+            found = feedback_filter.leaked_lines(page, secrets, answers)
+        except OSError as exc:  # a link, a FIFO, a hard link, too large: never read, never released
+            found = [f"[not checked, not released: {exc}]"]
         if found:
             out[str(page.relative_to(root))] = found
             if remove:

@@ -33,6 +33,26 @@ empties ``notebooks``, so nbgrader stops this submission ("No notebooks found") 
 files nobody checked. A student folder nbgrader cannot address (a name with ``* ? [ ]``) is
 stopped the same way.
 
+Planted files (links, FIFOs, sockets, devices, hard links, oversized or sparse files) are never
+followed, opened or copied by nbgrader either; ``nbgrader_config.py`` installs, from this module
+(:mod:`rlhf_lab.instructor.safe_files` does the checking):
+
+* :meth:`PreflightHooks.feedback_pre` as ``GenerateFeedback``'s ``pre_convert_hook``: before
+  ``autograded/<student>/<assignment>/`` is rendered and its extra files copied into
+  ``feedback/``, everything planted there is moved to ``integrity/quarantine/<student>/
+  <assignment>/autograded/`` and dropped from the notebooks to render (that student's other
+  notebooks get their feedback, and so does the class);
+* :func:`planted_file_sweep`, an autograde preprocessor right after execution: whatever the
+  kernel left in the student's ``autograded/`` folder that is not a plain file is moved out before
+  nbgrader walks that folder to set permissions;
+* :func:`install_safe_timestamps`: nbgrader reads ``timestamp.txt`` of a submission with a plain
+  ``open`` (before any hook runs), which a FIFO of that name would block forever; the course reads
+  it without following a link or blocking;
+* :func:`safe_collect_class` and :func:`safe_release_feedback_class`, the exchange's ``collect``
+  and ``release_feedback`` (``nbgrader collect``, ``nbgrader release_feedback`` and Formgrader's
+  buttons): a submission is copied without following anything, and feedback is released only from a
+  folder of plain files.
+
 This module imports only the standard library at load time (``nbgrader_config.py`` loads it by its
 file path, so nbgrader's start-up never imports JAX); the integrity module is imported on the first
 call, in the grading process, which imports the course library for the judge anyway.
@@ -43,6 +63,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -67,6 +88,19 @@ def _integrity():
     from rlhf_lab.instructor import integrity
 
     return integrity
+
+
+def _safe_files():
+    """:mod:`rlhf_lab.instructor.safe_files`, loaded by its file path like this module (standard library only)."""
+    name = "rlhf_lab_course_safe_files"
+    if name not in sys.modules:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("safe_files.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def _concrete(name) -> bool:
@@ -136,6 +170,7 @@ class PreflightHooks:
 
     def __init__(self, root, db_url: str, quarantine: bool = True):
         self.root = Path(root)
+        _safe_files().add_course_root(self.root)
         self.db_url = db_url
         self.quarantine = quarantine
         self._reports: dict = {}
@@ -207,6 +242,251 @@ class PreflightHooks:
         if done:
             log.warning("integrity pre-flight: points withheld for review in %d cell(s) of %s/%s",
                         len(done), s, a)
+
+
+    # -- GenerateFeedback's pre_convert_hook --------------------------------------------------
+    def feedback_pre(self, assignment=None, student=None, notebooks=None, **_ignored) -> None:
+        """Move what is planted in ``autograded/<student>/<assignment>/`` out before nbgrader renders it.
+
+        Runs where nbgrader's ``GenerateFeedback`` calls it: after it cleared the old feedback,
+        before it copies the folder's extra files into ``feedback/`` and renders each notebook.
+        A refused notebook is dropped from ``notebooks`` in place (its page is not written; the
+        student's other pages are); a folder that is itself a link is never entered and the
+        student gets no feedback from it. Every refusal is logged as an error naming the student
+        and the file, and recorded beside the moved file.
+        """
+        if notebooks is None:
+            notebooks = []
+        a, s = submission_of(notebooks, assignment, student)
+        if a is None or s is None:
+            return
+        folder = self.root / "autograded" / s / a
+        try:
+            moved = quarantine_planted(self.root, folder, s, a, "feedback")
+        except Exception:
+            _log().error("feedback of %s/%s: the check of %s failed; its feedback is NOT written", s, a, folder,
+                         exc_info=True)
+            notebooks[:] = []
+            raise
+        if moved is None:  # the folder itself is a link: nothing in it is trusted
+            notebooks[:] = []
+            return
+        keep = [p for p in notebooks if not _moved(p, moved)]
+        if len(keep) != len(notebooks):
+            notebooks[:] = keep
+
+
+def _moved(path, moved) -> bool:
+    return any(os.path.abspath(path) == os.path.abspath(m) for m in moved)
+
+
+def _record(root: Path, student: str, assignment: str, rel: str, refusal, action: str, step: str) -> None:
+    """A ``.finding.json`` beside the quarantined file, in the integrity report's format."""
+    folder = Path(root) / "integrity" / "quarantine" / student / assignment / step
+    folder.mkdir(parents=True, exist_ok=True)
+    code = {"symbolic link": "symlink", "too large": "oversized-file"}.get(refusal.kind, "special-file")
+    data = {"student": student, "assignment": assignment, "notebook": rel, "cell": None, "grade_id": None,
+            "line": None, "code": code, "severity": "warn", "message": refusal.message, "withhold": [],
+            "action": action}
+    name = rel.replace(os.sep, "_") + ".finding.json"
+    (folder / name).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8",
+                               errors="backslashreplace")
+
+
+def quarantine_planted(root, folder, student: str, assignment: str, step: str) -> list | None:
+    """Move every link, FIFO, socket, device, hard link and oversized file under ``folder`` (a student's
+    ``autograded/`` or ``feedback/`` folder) to ``integrity/quarantine/<student>/<assignment>/<step>/``;
+    the paths moved, or None when ``folder`` itself is a link or not a folder (then it is moved)."""
+    safe = _safe_files()
+    root, folder = Path(root), Path(folder)
+    dest = root / "integrity" / "quarantine" / student / assignment / step
+    for path in (folder.parent, folder):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return []
+        if not os.path.isdir(path) or os.path.islink(path):
+            found = safe.refusal(path, kind=safe.kind_of(st), reason=f"is a {safe.kind_of(st)}, not a folder")
+            where = safe.move_aside(path, dest / ".folder")
+            _log().error("%s: %s", step, found.message)
+            _record(root, student, assignment, path.name, found, f"moved to {where}" if where else "removed", step)
+            return None
+    moved = []
+    for found, where in safe.sweep(folder, dest, skip=(".ipynb_checkpoints",)):
+        rel = os.path.relpath(found.path, folder)
+        _log().error("%s: %s [%s]", step, found.message, f"moved to {where}" if where else "removed")
+        _record(root, student, assignment, rel, found, f"moved to {where}" if where else "removed", step)
+        moved.append(found.path)
+    return moved
+
+
+def planted_file_sweep(root):
+    """The autograde preprocessor class that moves what a kernel planted in ``autograded/`` out.
+
+    nbgrader runs it on each notebook right after execution (its ``resources['metadata']['path']``
+    is ``autograded/<student>/<assignment>``); the kernel is gone by then. Links, FIFOs and the
+    rest go to ``integrity/quarantine/<student>/<assignment>/autograde/``, so nbgrader's
+    permission walk and the feedback never touch them.
+    """
+    from nbconvert.preprocessors import Preprocessor
+
+    course = Path(root)
+
+    class SweepPlantedFiles(Preprocessor):
+        """Move links, FIFOs and other planted files out of the student's autograded folder."""
+
+        def preprocess(self, nb, resources):
+            folder = Path((resources.get("metadata") or {}).get("path") or "")
+            info = resources.get("nbgrader") or {}
+            student, assignment = info.get("student"), info.get("assignment")
+            expected = course / "autograded" / str(student) / str(assignment)
+            if student and assignment and os.path.abspath(folder) == os.path.abspath(expected):
+                quarantine_planted(course, folder, student, assignment, "autograde")
+            return nb, resources
+
+    return SweepPlantedFiles
+
+
+def install_safe_timestamps() -> None:
+    """Make nbgrader read every ``timestamp.txt`` without following a link or blocking on a FIFO.
+
+    nbgrader's ``CourseDirectory.get_existing_timestamp`` opens the file with a plain ``open``,
+    in ``autograde``, ``generate_feedback`` and ``collect``, before the course's hooks run. The
+    replacement reads at most 4 KiB of a regular file (:func:`.safe_files.read_text`); anything
+    else is logged as an error naming the student and counts as no timestamp.
+    """
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.utils import parse_utc
+
+    if getattr(CourseDirectory.get_existing_timestamp, "_course_safe", False):
+        return
+
+    def get_existing_timestamp(self, dest_path):
+        """The submission time in ``dest_path/timestamp.txt`` (None without one), read safely."""
+        safe = _safe_files()
+        path = os.path.join(dest_path, "timestamp.txt")
+        if not os.path.lexists(path):
+            return None
+        try:
+            text = safe.read_text(path, 4096).strip()
+        except (OSError, UnicodeError) as exc:
+            self.log.error("ignoring timestamp.txt: %s", exc)
+            return None
+        if not text:
+            self.log.warning("Empty timestamp file: %s", path)
+            return None
+        try:
+            return parse_utc(text)
+        except ValueError:
+            self.fail("Invalid timestamp string: {}".format(path))
+
+    get_existing_timestamp._course_safe = True
+    CourseDirectory.get_existing_timestamp = get_existing_timestamp
+
+
+def _exchange_record(coursedir, student: str, refusal) -> None:
+    """Record a file ``collect`` refused where the integrity pre-flight reports it."""
+    rel = os.path.basename(refusal.path)
+    try:
+        _record(Path(coursedir.root), student, coursedir.assignment_id, rel, refusal, "not collected", "collect")
+    except OSError:
+        pass
+
+
+def safe_collect_class():
+    """nbgrader's ``ExchangeCollect`` whose copy never follows a link (``c.ExchangeFactory.collect``).
+
+    A submission whose folder in ``inbound/`` is itself a link is not collected. Inside it, links
+    and FIFOs arrive in ``submitted/`` as what they are (a link with the same text, never resolved;
+    a new FIFO, never opened), so the integrity pre-flight reports and moves them exactly as it
+    does for other submissions; sockets, devices, hard links and oversized files are not copied,
+    and each is logged as an error naming the student and the file. A submission over the size
+    limit is not collected. The other students are collected as usual.
+    """
+    from nbgrader.exchange.default.collect import ExchangeCollect
+    from nbgrader.utils import ignore_patterns
+
+    class SafeExchangeCollect(ExchangeCollect):
+        def do_copy(self, src, dest, log=None):
+            safe = _safe_files()
+            student = safe.student_of(src) or "?"
+            refused: list = []
+            try:
+                safe.copy_tree_safely(
+                    src, dest, max_total=1000 * self.coursedir.max_dir_size,
+                    max_file=1000 * self.coursedir.max_file_size, keep_special=True, refused=refused,
+                    ignore=ignore_patterns(exclude=self.coursedir.ignore, include=self.coursedir.include,
+                                           max_file_size=self.coursedir.max_file_size, log=self.log))
+            except OSError as exc:
+                self.log.error("student %r: the submission %s was NOT collected: %s", student, src, exc)
+                return
+            for found in refused:
+                self.log.error("collect: %s", found.message)
+                _exchange_record(self.coursedir, student, found)
+
+    return SafeExchangeCollect
+
+
+def safe_release_feedback_class():
+    """nbgrader's ``ExchangeReleaseFeedback`` that releases only plain files (``c.ExchangeFactory.release_feedback``).
+
+    A student's ``feedback/<student>/<assignment>/`` that is a link, or holds anything
+    :func:`.safe_files.check_no_links` refuses, is not released (an error names the student and
+    the file; the other students' feedback is released). Pages and nbgrader's ``timestamp.txt`` /
+    ``submission_secret.txt`` are read with :func:`.safe_files.open_regular`, and each page is
+    written into the exchange as a new file renamed into place, never through a planted link.
+    """
+    import glob
+
+    from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback
+    from nbgrader.utils import notebook_hash
+
+    class SafeExchangeReleaseFeedback(ExchangeReleaseFeedback):
+        def copy_files(self):
+            safe = _safe_files()
+            if os.path.islink(self.dest_path) or not os.path.isdir(self.dest_path):
+                self.fail(f"the exchange's feedback folder {self.dest_path} is not a plain folder; nothing released")
+            exclude = set(self.coursedir.student_id_exclude.split(",")) if self.coursedir.student_id_exclude else set()
+            refused_students: set = set()
+            for html_file in sorted(glob.glob(os.path.join(self.src_path, "*.html"))):
+                feedback_dir, page = os.path.split(html_file)
+                student = safe.student_of(html_file) or "?"
+                notebook_id = page[: -len(".html")]
+                if student in exclude or student in refused_students:
+                    continue
+                problems = unsafe_feedback_folder(feedback_dir)
+                if problems:
+                    refused_students.add(student)
+                    for message in problems:
+                        self.log.error("release_feedback: NOT released: %s", message)
+                    continue
+                try:
+                    timestamp = safe.read_text(os.path.join(feedback_dir, "timestamp.txt"), 4096)
+                    secret = safe.read_text(os.path.join(feedback_dir, "submission_secret.txt"), 4096)
+                    data = safe.read_bytes(html_file)
+                except OSError as exc:
+                    self.log.error("release_feedback: NOT released for student %r: %s", student, exc)
+                    continue
+                checksum = notebook_hash(secret=secret, notebook_id=notebook_id)
+                self.log.info("Releasing feedback for student '%s' on assignment '%s/%s/%s' (%s)", student,
+                              self.coursedir.course_id, self.coursedir.assignment_id, notebook_id, timestamp)
+                target = os.path.join(self.dest_path, f"{checksum}.html")
+                safe.write_bytes_replacing(target, data, 0o644)
+                self.log.info("Feedback released to: %s", target)
+
+    return SafeExchangeReleaseFeedback
+
+
+def unsafe_feedback_folder(folder) -> list[str]:
+    """Why a student's feedback folder must not be released (messages naming the student and the
+    file), or [] when it is a plain folder of plain files (and its student folder is one too)."""
+    safe = _safe_files()
+    folder = Path(folder)
+    for path in (folder.parent, folder):
+        if os.path.islink(path) or not os.path.isdir(path):
+            kind = safe.kind_of(os.lstat(path)) if os.path.lexists(path) else "missing"
+            return [safe.refusal(path, kind=kind, reason=f"is a {kind}, not a folder").message]
+    return [r.message for r in safe.check_no_links(folder)]
 
 
 def hooks(root, db_url: str) -> PreflightHooks:

@@ -23,13 +23,15 @@ import socket
 import tempfile
 import urllib.parse
 
+from . import safe_files
 from .course import COURSE_ID, Course, db_identity, ensure_venv_on_path
 
 RUNS_DIRNAME = ".autograde_runs"
 
 
 def submission_fingerprint(course: Course, assignment: str, student: str) -> str:
-    """sha256 over the submitted files (relative names and bytes): changes when a student resubmits."""
+    """sha256 over the submitted files (relative names and bytes): changes when a student resubmits.
+    Links and special files count by their kind (never followed, never opened)."""
     base = course.path(course.submitted_directory, student, assignment)
     digest = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(base):
@@ -37,10 +39,12 @@ def submission_fingerprint(course: Course, assignment: str, student: str) -> str
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             digest.update(os.path.relpath(full, base).encode("utf-8", "surrogateescape") + b"\0")
-            try:
-                with open(full, "rb") as fh:
+            try:  # never through a link, never blocking on a FIFO (safe_files.open_regular)
+                with safe_files.open_regular(full, max_links=None) as fh:
                     for block in iter(lambda: fh.read(1 << 20), b""):
                         digest.update(block)
+            except safe_files.UnsafeFileError as exc:  # a link or special file: its kind, not its target
+                digest.update(f"refused {exc.kind}".encode())
             except OSError as exc:  # unreadable file: still a stable fingerprint
                 digest.update(repr(exc).encode())
             digest.update(b"\0")
