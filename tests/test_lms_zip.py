@@ -81,13 +81,18 @@ def test_moodle_zip_in_folders_and_flat_is_collected_by_full_name(course):
 
 
 def test_file_names_parse_into_lms_identity_and_notebook():
-    canvas = lms.parse_lms_filename("/x/extracted/okaforada_late_40101_77_01_losses-2.ipynb")
+    # the path is the member's path from the root of the LMS download (the LMS prefix comes first)
+    canvas = lms.parse_lms_filename("okaforada_late_40101_77_01_losses-2.ipynb")
     assert canvas == {"lms": "canvas", "lms_name": "okaforada", "late": "late", "lms_user_id": "40101",
                       "submission_id": "77", "file_id": "01_losses-2.ipynb"}
     assert lms.released_name("01_losses-2.ipynb", {"01_losses.ipynb"}) == "01_losses.ipynb"
     assert lms.released_name("a-1.ipynb", {"b.ipynb"}) == "a-1.ipynb"
     folder = lms.parse_lms_filename("/x/Zoë Ångström_12_assignsubmission_file_/sub dir/01_losses.ipynb")
     assert folder is None  # nested folders inside a Moodle submission are not a notebook of the release
+    # a name that looks like the LMS's but lies deeper (a folder or archive a student uploaded) is not it
+    assert lms.parse_lms_filename("x/extracted/okaforada_late_40101_77_01_losses-2.ipynb") is None
+    assert lms.parse_lms_filename("Zed Q_9_assignsubmission_file_/Zoë Ångström_12_assignsubmission_file_/"
+                                  "01_losses.ipynb") is None
     flat = lms.parse_lms_filename("Zoë Ångström_12_assignsubmission_file_01_losses.ipynb")
     assert flat["lms"] == "moodle" and flat["full_name"] == "Zoë Ångström" and flat["file_id"] == "01_losses.ipynb"
     assert lms.parse_lms_filename("01_losses.ipynb") is None
