@@ -170,6 +170,12 @@ _JudgedExecute = type("Execute", (_judge.JudgeCells, _kernel_guard.Execute),
 c.Autograde.autograde_preprocessors = [
     _JudgedExecute if p is Execute else p for p in c.Autograde.autograde_preprocessors
 ]
+# Student HTML never runs in a grader's browser (rlhf_lab/instructor/html_safety.py): the LAST step
+# sanitises the notebook nbgrader writes to autograded/ (Formgrader and JupyterLab read it). Last,
+# after SaveAutoGrades: grades are decided on the notebook as it ran (a markdown answer's checksum,
+# a test's outputs), and the sanitiser changes no output type, stream, error or cell metadata.
+_html_safety = _course_module("html_safety.py", "rlhf_lab_course_html_safety")
+c.Autograde.autograde_preprocessors = list(c.Autograde.autograde_preprocessors) + [_html_safety.SanitizeNotebook]
 # The integrity pre-flight of the submitted files (rlhf_lab/instructor/integrity.py) and its withheld
 # points run inside every autograde, through nbgrader's convert hooks: before a submission is
 # converted, the pre-flight checks its folder, quarantines what must not run and removes it from the
@@ -203,6 +209,7 @@ c.Exchange.root = _exchange
 c.Exchange.path_includes_course = False
 _lms = _course_module("lms.py", "rlhf_lab_course_lms")
 c.ZipCollectApp.collector_plugin = _lms.LmsFileNameCollector
+c.ZipCollectApp.extractor_plugin = _lms.SafeExtractor
 c.LmsFileNameCollector.roster = os.environ.get("RLHF_ROSTER") or _lms.default_roster(_root)
 # * `nbgrader export` writes grades.csv with a real CSV writer, as UTF-8: a student folder named
 #   with a comma, a quote or a newline stays one row with the same columns.
@@ -219,3 +226,36 @@ _feedback_filter = _course_module("feedback_filter.py", "rlhf_lab_course_feedbac
 if _feedback_filter.MarkPendingGrades not in c.GenerateFeedback.preprocessors:
     c.GenerateFeedback.preprocessors = list(c.GenerateFeedback.preprocessors) + [_feedback_filter.MarkPendingGrades]
 c.HTMLExporter.filters = {"float": _feedback_filter.float_filter, "round": _feedback_filter.round_filter}
+# * Student HTML never runs (rlhf_lab/instructor/html_safety.py). Every HTML page the course renders
+#   (Formgrader's submission view, feedback) sanitises the notebook again as its first preprocessor,
+#   also for notebooks autograded before this existed, and the feedback pipeline once more as its
+#   last step. sanitize_html makes nbconvert emit no script for JavaScript/widget outputs and pass
+#   HTML/markdown outputs through clean_html, here the course's bleach policy (tables, headings and
+#   images survive; nbconvert's own would escape them). nbgrader's templates render markdown cells
+#   and MathJax without clean_html, so Formgrader's MathJax is unchanged. Feedback pages also carry a
+#   Content-Security-Policy forbidding all script (their MathJax would need script: math shows as TeX).
+c.HTMLExporter.sanitize_html = True
+c.HTMLExporter.preprocessors = [_html_safety.SanitizeNotebook]
+c.HTMLExporter.filters = dict(c.HTMLExporter.filters, clean_html=_html_safety.clean_html)
+c.GenerateFeedback.preprocessors = list(c.GenerateFeedback.preprocessors) + [_html_safety.SanitizeNotebook]
+c.GenerateFeedback.exporter_class = _html_safety.FeedbackExporter
+
+# --- planted files: nothing a student leaves behind is followed, opened or copied as its target ------
+# (rlhf_lab/instructor/safe_files.py and preflight_hook.py)
+# * generate_feedback: before a student's autograded/ folder is rendered and its extra files copied
+#   into feedback/, every link, FIFO, socket, device, hard link and file over 100 MiB (sparse or not)
+#   in it is moved to integrity/quarantine/<student>/<assignment>/feedback/ and dropped from what is
+#   rendered; an error names the student and the file, and the class gets its feedback.
+# * autograde: right after execution the same sweep runs on the student's autograded/ folder, so
+#   nbgrader's permission walk never chmods through a link the kernel left there.
+# * nbgrader reads every timestamp.txt without following a link or blocking on a FIFO.
+# * collect copies a submission without following anything; release_feedback releases only plain files.
+_planted = _course_module("preflight_hook.py", "rlhf_lab_course_preflight_hook")
+_planted.install_safe_timestamps()
+c.GenerateFeedback.pre_convert_hook = _preflight.feedback_pre
+_sweep = _planted.planted_file_sweep(_root)
+_steps = list(c.Autograde.autograde_preprocessors)
+_at = _steps.index(_JudgedExecute) + 1  # right after the (judged) Execute
+c.Autograde.autograde_preprocessors = _steps[:_at] + [_sweep] + _steps[_at:]
+c.ExchangeFactory.collect = _planted.safe_collect_class()
+c.ExchangeFactory.release_feedback = _planted.safe_release_feedback_class()

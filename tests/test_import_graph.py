@@ -29,6 +29,7 @@ LAYER_NAMES = {CORE: "core", JUDGING: "judging", GRADING: "grading", LOW: "instr
 LOW_INSTRUCTOR = {
     "course", "records", "sandbox", "library_build", "kernel_guard", "feedback_filter", "judge",
     "judge_server", "authoring", "preprocessors", "nbgrader_cli", "lms", "compile_cache", "csv_export",
+    "safe_files", "html_safety", "trusted_runtime", "rebinding",
 }
 HIGH_INSTRUCTOR = {
     "integrity", "orchestrator", "pipeline", "parallel", "exchange", "give_feedback", "backup", "guide",

@@ -9,12 +9,19 @@
   functions or returns an object whose ``__eq__`` is always true still gets only what its numbers
   earn. A function that never returns costs only that test (the kernel is interrupted), and a
   function that is not defined is named.
+* Bounds on what the kernel sends back, checked before anything is parsed: the ``text/plain`` of a
+  response must be one quoted literal of bounded length (:func:`wire.read_text`), its JSON is
+  counted (nodes, depth) without being built (:func:`wire.scan`); the grader's own client of the
+  kernel drops messages over a size before reading them (ZeroMQ's ``MAXMSGSIZE``). A judged cell
+  has ONE deadline for all of its requests, and the judge-server connection carries JSON of plain
+  data only, bounded, never pickles.
 """
 from __future__ import annotations
 
 import base64
 import json
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -204,7 +211,7 @@ def test_a_function_that_never_returns_costs_only_its_test(kernel):
             time.sleep(0.05)
     """)
     message = _verdict(kernel, "test_penalized_reward", timeout=3)
-    assert "did not answer within 3 s" in message
+    assert "this whole test took longer than the per-cell timeout of 3 s" in message
     # the kernel was interrupted and answers the next request
     _run_in(kernel[1], "def penalized_reward(reward, beta, kl):\n    return reward - beta * kl\n")
     assert _verdict(kernel, "test_penalized_reward") is None
@@ -218,3 +225,112 @@ def test_judged_cells_are_recognised_only_in_test_cells():
     assert judge.judged_check(answer) is None
     extra = dict(test, source=test["source"].replace('("test_loop")', '("test_loop")\nimport os'))
     assert judge.judged_check(extra) is None
+
+
+# ------------------------------------------------------------------------------------------------
+# bounds, checked before anything is parsed
+
+
+@pytest.mark.parametrize("literal", ["'ok'", '"it\'s"', r"'a\nb'", r"'\x00\xe9'"])
+def test_read_text_reads_what_repr_writes(literal):
+    import ast
+
+    assert wire.read_text(literal) == ast.literal_eval(literal)
+    text = "\x00\n'\"é\U0001F600"
+    assert wire.read_text(repr(text)) == text
+
+
+@pytest.mark.parametrize("literal", ["'a' 'b'", "b'x'", "f'{1}'", "'''x'''", "('x')", "'x", "x", r"'\q'", 3, None,
+                                     r"'\U99999999'"])
+def test_read_text_refuses_anything_but_one_plain_literal(literal):
+    with pytest.raises(wire.Refused):
+        wire.read_text(literal)
+
+
+def test_a_long_answer_is_refused_by_its_length_alone():
+    literal = "'" + "a" * (wire.MAX_LITERAL_CHARS + 1) + "'"
+    with pytest.raises(wire.TooLarge, match="characters long"):
+        wire.read_text(literal)
+    with pytest.raises(wire.TooLarge, match="characters long"):
+        wire.response(json.dumps({"ok": True, "value": "x" * wire.MAX_RESPONSE_CHARS}))
+
+
+def test_scan_counts_nodes_and_depth_outside_strings_only():
+    # counted: each opening bracket and comma outside strings, plus one (an upper bound of the values)
+    wire.scan('["[[[[[[[[[[", {"k": ",,,,,,,,,,,,,"}]', max_nodes=4, max_depth=2)
+    with pytest.raises(wire.TooLarge, match="nested more than 3"):
+        wire.scan("[[[[1]]]]", max_nodes=100, max_depth=3)
+    with pytest.raises(wire.TooLarge, match="more than 4 values"):
+        wire.scan("[1, 2, 3, 4, 5]", max_nodes=4, max_depth=3)
+    deep = "[" * 50 + "]" * 50
+    with pytest.raises(wire.TooLarge):
+        wire.response(json.dumps({"ok": True, "value": json.loads(deep)}))
+    many = {"ok": True, "value": {"t": "list", "v": [None] * (wire.MAX_RESPONSE_NODES + 1)}}
+    with pytest.raises(wire.TooLarge):
+        wire.response(json.dumps(many))
+
+
+def test_link_messages_round_trip_and_refuse_anything_else():
+    message = ("ask", "call", (Jax(np.arange(3.0, dtype=np.float32)), Key(7), 0.5, [1, 2]), {"beta": 0.1})
+    kind, method, args, kwargs = judge.link_decode(judge.link_encode(message))
+    assert (kind, method, kwargs) == ("ask", "call", {"beta": 0.1})
+    assert isinstance(args[0], Jax) and np.array_equal(np.asarray(args[0].value), np.arange(3.0, dtype=np.float32))
+    assert isinstance(args[1], Key) and args[1].seed == 7 and args[2:] == (0.5, [1, 2])
+    assert judge.link_decode(judge.link_encode(("verdict", None))) == ("verdict", None)
+    for bad in (b"\x80\x04K\x01.", b'{"ok": 1}', b'["ask", "call"]', b'["other", {"x": 1}]',
+                b"[" * 200 + b"]" * 200):
+        with pytest.raises((ValueError, wire.Refused)):
+            judge.link_decode(bad)
+    with pytest.raises(wire.TooLarge):
+        judge.link_decode(b"[" + b"0," * judge.LINK_MAX_BYTES + b"0]")
+
+
+def test_one_deadline_covers_all_the_requests_of_a_cell(kernel):
+    """Each call takes 1 s, under the 2.5 s timeout, but the cell's third call is past its deadline."""
+    from rlhf_lab.judging.core import GradingError
+
+    km, kc = kernel
+    _run_in(kc, """
+    import time
+    def slow_identity(x):
+        time.sleep(1.0)
+        return x
+    """)
+    student = judge.RemoteStudent(kc, CHECKS["test_penalized_reward"], 2.5, interrupt=km.interrupt_kernel)
+    assert student.call("slow_identity", 1.0) == 1.0
+    assert student.call("slow_identity", 2.0) == 2.0
+    with pytest.raises(GradingError, match="this whole test took longer than the per-cell timeout of 2.5 s"):
+        student.call("slow_identity", 3.0)
+    assert student.expired
+    time.sleep(1.5)  # the interrupted (or finished) call is over; the kernel answers again
+    _run_in(kc, "x = 1")
+
+
+def test_a_huge_answer_never_reaches_the_parser(kernel):
+    """A forged bridge answering 8 MB: refused by its length by a plain client, dropped unread by the
+    grader's bounded client (the request then fails on the deadline); the kernel still answers."""
+    from jupyter_client import BlockingKernelClient
+    from rlhf_lab.judging.core import GradingError
+
+    km, kc = kernel
+    _run_in(kc, """
+    def _rlhf_judge_bridge(request_text):
+        return "[" * 4_000_000 + "]" * 4_000_000
+    """)
+    try:
+        message = _verdict(kernel, "test_penalized_reward", timeout=20)
+        assert message and "characters long" in message, message
+        bounded = BlockingKernelClient(context=judge.bounded_context())
+        bounded.load_connection_info(km.get_connection_info())
+        bounded.start_channels()
+        try:
+            bounded.wait_for_ready(timeout=60)
+            student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 5)
+            with pytest.raises(GradingError, match="took longer than the per-cell timeout"):
+                student.call("penalized_reward", 1.0, 0.1, 0.5)
+        finally:
+            bounded.stop_channels()
+            bounded.context.destroy(linger=0)
+    finally:
+        judge.install_bridge(kc)
+    _run_in(kc, "x = 1")

@@ -35,7 +35,7 @@ button) everything runs here, as described above.
 """
 from __future__ import annotations
 
-import ast
+import json
 import os
 import re
 import secrets
@@ -75,6 +75,10 @@ class ServerUnavailable(Exception):
     """The judge server could not be reached, refused us, died or stopped answering."""
 
 
+class DeadlineExceeded(Exception):
+    """The judge server gave no verdict within the cell's deadline (plus :attr:`ServerLink.margin`)."""
+
+
 class CheckCrashed(Exception):
     """The check itself raised (not a verdict) while running in the judge server."""
 
@@ -102,43 +106,109 @@ def _wire():
 
     return wire
 
+def deadline_message(task: str, timeout: float) -> str:
+    """The failure of a judged cell whose test as a whole ran out of the per-cell timeout."""
+    return (f"{task}: this whole test took longer than the per-cell timeout of {timeout:g} s (all of its calls "
+            "to your code together; the kernel was interrupted): look for an infinite loop or far too much work "
+            "for this test, then restart the kernel and run the notebook from the top")
+
+
+def too_large_message(task: str, reason) -> str:
+    """The failure of a request whose answer is over the grader's bounds (``reason``: a ``TooLarge``)."""
+    return (f"{task}: your code's answer to the grader {reason}. Return only what the task asks for (numbers "
+            "or arrays of the sizes the test passes in, or a tuple/dict of them), without large lists, deep "
+            "nesting or extra values")
+
+
+def _expression_text(reply) -> tuple[bool, object, str]:
+    """``(ok, text/plain, error detail)`` of the user expression ``r`` in an execute reply, whatever
+    shape the (untrusted) kernel gave that reply."""
+    content = reply.get("content") if isinstance(reply, dict) else None
+    content = content if isinstance(content, dict) else {}
+    expressions = content.get("user_expressions")
+    expr = expressions.get("r") if isinstance(expressions, dict) else None
+    expr = expr if isinstance(expr, dict) else {}
+    if content.get("status") != "ok" or expr.get("status") != "ok":
+        detail = f"{expr.get('ename') or content.get('ename') or 'no answer'}: {expr.get('evalue') or content.get('evalue') or ''}"
+        return False, None, detail[:500]
+    data = expr.get("data")
+    return True, data.get("text/plain") if isinstance(data, dict) else None, ""
+
+
+#: Largest message (frame) the grader's own client of a student's kernel accepts on the shell,
+#: control and stdin channels, and on iopub (the kernel's outputs, discarded while judging). ZeroMQ
+#: drops a larger message before any of it is allocated or parsed here and disconnects the kernel,
+#: whose request then fails on the cell's deadline. A judge response is at most
+#: ``wire.MAX_LITERAL_CHARS`` (65,538) characters; the rest of a reply is a few KiB.
+KERNEL_REPLY_MAX_BYTES = 1024 * 1024
+KERNEL_OUTPUT_MAX_BYTES = 16 * 1024 * 1024
+
+
+def bounded_context():
+    """A ZeroMQ context whose sockets refuse messages over :data:`KERNEL_REPLY_MAX_BYTES`
+    (:data:`KERNEL_OUTPUT_MAX_BYTES` for the iopub subscriber) before reading them."""
+    import zmq
+
+    class BoundedContext(zmq.Context):
+        def socket(self, socket_type, *args, **kwargs):
+            sock = super().socket(socket_type, *args, **kwargs)
+            limit = KERNEL_OUTPUT_MAX_BYTES if socket_type == zmq.SUB else KERNEL_REPLY_MAX_BYTES
+            sock.setsockopt(zmq.MAXMSGSIZE, limit)
+            return sock
+
+    return BoundedContext()
+
 
 class RemoteStudent:
     """The judging vocabulary (:class:`rlhf_lab.judging.core.Student`) over a kernel client.
 
     ``client`` is a started ``jupyter_client.BlockingKernelClient`` of the student's kernel on which
-    the wire's ``bridge`` has been installed (:func:`install_bridge`); ``timeout`` bounds each request;
-    ``interrupt()`` is called when a request times out.
+    the wire's ``bridge`` has been installed (:func:`install_bridge`); ``timeout`` is the per-cell
+    timeout and ``deadline`` (a ``time.monotonic()`` instant, default ``timeout`` from now) bounds all
+    the requests of one judged cell together: each waits only for the time left. When the deadline
+    passes (a request still running, or a request made after it) ``interrupt()`` is called if the
+    kernel was busy, :attr:`expired` becomes true and the request fails with :func:`deadline_message`.
     """
 
-    def __init__(self, client, spec, timeout: float, interrupt=None):
+    def __init__(self, client, spec, timeout: float, interrupt=None, deadline: float | None = None, trusted=None):
         from rlhf_lab.judging import core
 
         self._client, self._spec, self._timeout, self._interrupt = client, spec, timeout, interrupt
+        #: where gradients are computed (a :class:`.trusted_runtime.TrustedRuntime`); ``None``: the kernel
+        self._trusted = trusted
+        self.deadline = time.monotonic() + timeout if deadline is None else deadline
+        self.expired = False
         self._core = core
+
+    def _time_left(self, task: str) -> float:
+        """Seconds left before the cell's deadline; the deadline's failure when none are."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.expired = True
+            raise self._core.GradingError(deadline_message(task, self._timeout))
+        return left
 
     def _ask(self, text: str, task: str, what: str):
         core, wire = self._core, _wire()
+        left = self._time_left(task)
         try:
             reply = self._client.execute_interactive(
                 "", silent=True, store_history=False, user_expressions={"r": f"_rlhf_judge_bridge({text!r})"},
-                timeout=self._timeout, output_hook=lambda msg: None, allow_stdin=False)
+                timeout=left, output_hook=lambda msg: None, allow_stdin=False)
         except TimeoutError:
             if self._interrupt is not None:
                 self._interrupt()
-            raise core.GradingError(f"{task}: your code did not answer within {self._timeout:g} s "
-                                    "(an infinite loop, or far too much work for this test?)") from None
-        content = reply.get("content", {})
-        expr = (content.get("user_expressions") or {}).get("r", {})
-        if content.get("status") != "ok" or expr.get("status") != "ok":
-            detail = expr.get("ename") or content.get("ename") or "no answer"
-            raise core.GradingError(f"{task}: the notebook's kernel could not answer the grader ({detail}: "
-                                    f"{expr.get('evalue') or content.get('evalue') or ''}); restart the kernel "
-                                    "and run the notebook from the top")
-        try:
-            answer = ast.literal_eval(expr.get("data", {}).get("text/plain", ""))
-            ok, payload = wire.response(answer)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, wire.Refused) as exc:
+            self.expired = True
+            raise core.GradingError(deadline_message(task, self._timeout)) from None
+        answered, literal, detail = _expression_text(reply)
+        if not answered:
+            raise core.GradingError(f"{task}: the notebook's kernel could not answer the grader ({detail}); "
+                                    "restart the kernel and run the notebook from the top")
+        try:  # nothing is parsed before its size is known (wire.read_text, wire.response)
+            ok, payload = wire.response(wire.read_text(literal))
+        except wire.TooLarge as exc:
+            raise core.GradingError(too_large_message(task, exc)) from None
+        except (ValueError, TypeError, MemoryError, RecursionError, wire.Refused) as exc:
             raise core.GradingError(f"{task}: the kernel's answer could not be read ({exc})") from None
         if not ok:
             kind, error = payload
@@ -154,7 +224,19 @@ class RemoteStudent:
         return self._ask(_wire().request("call", name, args, kwargs), name, f"{name}: its result")
 
     def grad(self, name: str, argnums, *args, **kwargs):
-        return self._ask(_wire().request("grad", name, args, kwargs, argnums=argnums), name, f"{name}: its gradient")
+        """The gradient, from the trusted runtime when there is one (never from the kernel's ``jax.grad``,
+        which the notebook can rebind); the runtime's start-up and re-run cells do not count against
+        the cell's deadline."""
+        if self._trusted is None:
+            return self._ask(_wire().request("grad", name, args, kwargs, argnums=argnums), name,
+                             f"{name}: its gradient")
+        self._trusted.timeout = self._time_left(name)
+        try:
+            return self._trusted.grad(name, argnums, *args, **kwargs)
+        finally:
+            self.deadline += self._trusted.last_overhead
+            if self._trusted.timed_out:
+                self.expired = True
 
     def value(self, name: str):
         return self._ask(_wire().request("value", name), self._spec.task, f"{self._spec.task}: {name}")
@@ -222,16 +304,111 @@ def take_server_env(environ=None) -> tuple[str, bytes] | None:
 SERVER = take_server_env()
 
 
+#: Bounds of one message between a grader process and the judge server, checked before it is parsed
+#: (``recv_bytes(maxlength)``, then :func:`rlhf_lab.judging.wire.scan`): a check's request (the largest
+#: measured on the correct example submissions: 3,679 characters, 92 nodes) or a kernel's answer encoded
+#: again (at most ``wire.MAX_RESPONSE_CHARS`` = 32,768 characters and ``wire.MAX_RESPONSE_NODES`` = 2,048
+#: nodes, as it was read from the kernel). A larger message ends the connection (the grader process then
+#: judges by itself).
+LINK_MAX_BYTES = 1024 * 1024
+LINK_MAX_NODES = 4_096
+#: A message is a JSON list around wire nodes: two levels over the nodes' own.
+LINK_MAX_DEPTH = 2 * 8 + 3 + 2
+
+
+def _argument(node, depth: int = 0):
+    """A request argument back from its wire node (:func:`rlhf_lab.judging.wire.encode_argument`): plain
+    data, with the markers :class:`~rlhf_lab.judging.core.Jax`, ``Key`` and ``Source`` rebuilt as
+    those objects (not as live JAX values: the kernel builds those)."""
+    from rlhf_lab.judging import core
+
+    wire = _wire()
+    if depth > wire.MAX_DEPTH:
+        raise wire.Refused("nested too deeply")
+    t = node.get("t") if type(node) is dict else None
+    if t in ("tuple", "list") and type(node.get("v")) is list:
+        items = [_argument(v, depth + 1) for v in node["v"]]
+        return tuple(items) if t == "tuple" else items
+    if t == "dict" and type(node.get("v")) is dict:
+        return {str(k): _argument(v, depth + 1) for k, v in node["v"].items()}
+    if t == "jax":
+        return core.Jax(wire.decode(node.get("v"), depth=depth + 1))
+    if t == "key" and type(node.get("seed")) is int:
+        return core.Key(node["seed"])
+    if t == "src" and type(node.get("source")) is str and type(node.get("name")) is str:
+        return core.Source(node["source"], node["name"])
+    return wire.decode(node, depth=depth)
+
+
+def link_encode(message: tuple) -> bytes:
+    """One message of the judge-server connection as bytes: a JSON list whose values are wire nodes
+    (``("ok", value)`` and ``("ask", method, args, kwargs)``) or plain strings, numbers and ``None``;
+    :class:`rlhf_lab.judging.wire.Refused` for a value that is not plain data."""
+    wire = _wire()
+    kind = message[0]
+    if kind == "ok":
+        body = ["ok", wire.encode(message[1])]
+    elif kind == "ask":
+        _, method, args, kwargs = message
+        body = ["ask", method, [wire.encode_argument(a) for a in args],
+                {k: wire.encode_argument(v) for k, v in kwargs.items()}]
+    else:
+        body = list(message)
+    return json.dumps(body).encode("ascii")
+
+
+def link_decode(data: bytes) -> tuple:
+    """A message of the judge-server connection back from its bytes (at most :data:`LINK_MAX_BYTES`):
+    counted (:data:`LINK_MAX_NODES`, :data:`LINK_MAX_DEPTH`) before it is parsed, then only plain
+    data and the argument markers are built. Raises ``ValueError`` or ``wire.Refused``."""
+    wire = _wire()
+    if len(data) > LINK_MAX_BYTES:
+        raise wire.TooLarge(f"is {len(data):,} bytes long; at most {LINK_MAX_BYTES:,} are read")
+    text = data.decode("ascii")
+    wire.scan(text, LINK_MAX_NODES, LINK_MAX_DEPTH)
+    body = json.loads(text)
+    if type(body) is not list or not body or type(body[0]) is not str:
+        raise wire.Refused("not a message")
+    kind, rest = body[0], body[1:]
+    try:
+        if kind == "ok" and len(rest) == 1:
+            return ("ok", wire.decode(rest[0]))
+        if kind == "ask" and len(rest) == 3 and type(rest[1]) is list and type(rest[2]) is dict:
+            return ("ask", rest[0], tuple(_argument(a) for a in rest[1]),
+                    {str(k): _argument(v) for k, v in rest[2].items()})
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as exc:
+        raise wire.Refused(f"a malformed node ({type(exc).__name__})") from None
+    if kind not in ("ok", "ask") and all(v is None or type(v) in (str, int) for v in rest):
+        return (kind, *rest)
+    raise wire.Refused(f"an unexpected message {kind[:40]!r}")
+
+
+def link_send(conn, message: tuple) -> None:
+    """Send one message (:func:`link_encode`) over a ``multiprocessing.connection`` connection."""
+    conn.send_bytes(link_encode(message))
+
+
+def link_recv(conn) -> tuple:
+    """Receive one message: at most :data:`LINK_MAX_BYTES` are read (``OSError`` beyond, before the
+    body is read), then :func:`link_decode`; nothing is unpickled."""
+    return link_decode(conn.recv_bytes(LINK_MAX_BYTES))
+
+
 class ServerLink:
     """The connection of one grader process to a judge server (see the module docstring).
 
-    Messages (pickled over an authenticated Unix socket): we send ``("judge", PROTOCOL, grade_id)``;
+    Messages (JSON of plain data and wire nodes, :func:`link_encode`, over an authenticated Unix
+    socket; each at most :data:`LINK_MAX_BYTES`): we send ``("judge", PROTOCOL, grade_id)``;
     the server sends ``("ask", method, args, kwargs)`` any number of times, each answered with
     ``("ok", plain_value)``, ``("fail", message)`` (the request raised :class:`GradingError`, for
     example a timeout) or ``("abort",)`` (anything else, such as :class:`KernelGone`, which is then
     raised here once the server said ``("aborted",)``); finally ``("verdict", None | message)`` or
-    ``("crashed", exception_name, text)``. ``wait`` bounds each wait for the server (seconds).
+    ``("crashed", exception_name, text)``. ``wait`` bounds each wait for the server (seconds); with a
+    cell's deadline, the verdict must also come by then plus :attr:`margin` (:class:`DeadlineExceeded`).
     """
+
+    #: Seconds the server may take past a cell's deadline (to decide once the last request failed).
+    margin = 5.0
 
     def __init__(self, address: str, authkey: bytes, wait: float = 120.0):
         self.address, self._authkey, self.wait = address, authkey, wait
@@ -248,48 +425,67 @@ class ServerLink:
                 raise ServerUnavailable(f"cannot connect to {self.address} ({type(exc).__name__}: {exc})") from None
         return self._conn
 
-    def _recv(self):
+    def _recv(self, limit: float | None = None):
+        """The server's next message; :class:`DeadlineExceeded` when none came by ``limit`` (a
+        ``time.monotonic()`` instant), :class:`ServerUnavailable` when none came within :attr:`wait`."""
         conn = self._conn
+        wait = self.wait if limit is None else min(self.wait, limit - time.monotonic())
         try:
-            if not conn.poll(self.wait):
+            if not conn.poll(max(wait, 0.0)):
+                if limit is not None and time.monotonic() >= limit:
+                    raise DeadlineExceeded(f"no verdict within the cell's deadline and {self.margin:g} s")
                 raise ServerUnavailable(f"no answer within {self.wait:g} s")
-            return conn.recv()
+            return link_recv(conn)
         except (OSError, EOFError) as exc:
-            raise ServerUnavailable(f"the connection was lost ({type(exc).__name__})") from None
-        except ServerUnavailable:
+            raise ServerUnavailable(f"the connection was lost ({type(exc).__name__}: {exc})") from None
+        except (ServerUnavailable, DeadlineExceeded):
             raise
         except Exception as exc:  # noqa: BLE001 - an unreadable message
-            raise ServerUnavailable(f"unreadable message ({type(exc).__name__}: {exc})") from None
+            raise ServerUnavailable(f"unreadable message ({type(exc).__name__}: {str(exc)[:200]})") from None
 
     def _send(self, message) -> None:
+        data = message if isinstance(message, bytes) else link_encode(message)
         try:
-            self._conn.send(message)
+            self._conn.send_bytes(data)
         except (OSError, EOFError, ValueError) as exc:
             raise ServerUnavailable(f"the connection was lost ({type(exc).__name__})") from None
 
-    def judge(self, name: str, student) -> list:
-        """The outputs of the check ``name`` (as :func:`run_check`), decided by the server, each of its
-        requests answered by ``student``. Raises :class:`ServerUnavailable` (judge locally then),
-        :class:`CheckCrashed`, or whatever ``student`` raised other than a ``GradingError``."""
+    def _answer(self, student, method: str, args: tuple, kwargs: dict):
+        """``(reply, pending)`` for one request of the server: the encoded plain answer, the check's
+        failure, or an abort and the exception to raise once the server stopped the check."""
         from rlhf_lab.judging import core
 
+        try:
+            reply = ("ok", getattr(student, method)(*args, **kwargs))
+        except core.GradingError as exc:
+            return ("fail", str(exc)), None
+        except Exception as exc:  # noqa: BLE001 - raised here once the server stopped the check
+            return ("abort",), exc
+        try:
+            return link_encode(reply), None
+        except _wire().Refused as exc:
+            return ("fail", f"{method}: the answer is not plain data ({exc})"), None
+
+    def judge(self, name: str, student, deadline: float | None = None) -> list:
+        """The outputs of the check ``name`` (as :func:`run_check`), decided by the server, each of its
+        requests answered by ``student``. With ``deadline`` (``time.monotonic()``) the verdict must come
+        by then (or by ``student.deadline`` when that moved later) plus :attr:`margin`. Raises :class:`ServerUnavailable` (judge locally then),
+        :class:`DeadlineExceeded` (the cell failed; the connection is closed), :class:`CheckCrashed`, or
+        whatever ``student`` raised other than a ``GradingError``."""
         try:
             self._connection()
             self._send(("judge", PROTOCOL, name))
             pending = None
             while True:
-                message = self._recv()
-                kind = message[0] if isinstance(message, tuple) and message else None
-                if kind == "ask" and len(message) == 4 and message[1] in STUDENT_METHODS and pending is None:
-                    _, method, args, kwargs = message
-                    try:
-                        reply = ("ok", getattr(student, method)(*args, **kwargs))
-                    except core.GradingError as exc:
-                        reply = ("fail", str(exc))
-                    except Exception as exc:  # noqa: BLE001 - raised here once the server stopped the check
-                        pending, reply = exc, ("abort",)
+                # the student's deadline moves on by the time the grader itself spent (a gradient
+                # runtime starting, cells re-run there): read it again before each wait
+                limit = None if deadline is None else max(deadline, getattr(student, "deadline", deadline)) + self.margin
+                message = self._recv(limit)
+                kind = message[0]
+                if kind == "ask" and message[1] in STUDENT_METHODS and pending is None:
+                    reply, pending = self._answer(student, *message[1:])
                     self._send(reply)
-                elif kind == "aborted" and pending is not None:
+                elif kind == "aborted" and len(message) == 1 and pending is not None:
                     raise pending
                 elif kind == "verdict" and len(message) == 2 and (message[1] is None or isinstance(message[1], str)):
                     return [] if message[1] is None else [error_output(message[1])]
@@ -297,7 +493,7 @@ class ServerLink:
                     raise CheckCrashed(str(message[1]), str(message[2]))
                 else:
                     raise ServerUnavailable(f"unexpected message {str(message)[:80]!r}")
-        except ServerUnavailable:
+        except (ServerUnavailable, DeadlineExceeded):
             self.close()
             raise
 
@@ -319,9 +515,12 @@ def judge_enabled() -> bool:
 class JudgeCells:
     """Mixin for nbgrader's ``Execute``: judged test cells are decided here, not run in the kernel.
 
-    ``nbgrader_config.py`` builds ``class Execute(JudgeCells, kernel_guard.Execute)``. A request that
-    times out interrupts the kernel; a kernel that is gone stops the notebook like a dead kernel does
-    in :mod:`.kernel_guard` (later cells are marked not run).
+    ``nbgrader_config.py`` builds ``class Execute(JudgeCells, kernel_guard.Execute)``. A judged cell has
+    one deadline, the per-cell timeout from the moment the grader's bridge is ready: every request of its
+    check waits only for the time left, and the server's verdict must come by then (plus
+    :attr:`ServerLink.margin`); past it the kernel is interrupted and the cell fails with
+    :func:`deadline_message`. A kernel that is gone stops the notebook like a dead kernel does in
+    :mod:`.kernel_guard` (later cells are marked not run).
     """
 
     _judge_client = None
@@ -342,10 +541,20 @@ class JudgeCells:
         if name is None or getattr(self, "_stopped", None) is not None or not judge_enabled():
             return super().preprocess_cell(cell, resources, index)
         timeout = float(getattr(self, "timeout", None) or os.environ.get("RLHF_CELL_TIMEOUT", 60))
+        spec = self._spec_or_stub(name)
         try:
-            client = self._client_for_judge(timeout)
-            student = RemoteStudent(client, self._spec_or_stub(name), timeout, interrupt=self._interrupt_for_judge)
-            cell.outputs = self._decide(name, student)
+            client = self._client_for_judge(timeout)  # start-up: not counted against the student
+            deadline = time.monotonic() + timeout
+            from rlhf_lab.instructor import trusted_runtime  # gradients where the notebook's other code never ran
+
+            student = RemoteStudent(client, spec, timeout, interrupt=self._interrupt_for_judge, deadline=deadline,
+                                    trusted=trusted_runtime.for_cell(self, index, timeout, judged_check))
+            outputs = self._decide(name, student, deadline)
+            # a check that carried on after its request ran out of time still fails on the deadline
+            cell.outputs = [error_output(deadline_message(spec.task, timeout))] if student.expired else outputs
+        except DeadlineExceeded as exc:
+            self.log.warning("judging %s: %s", name, exc)
+            cell.outputs = [error_output(deadline_message(spec.task, timeout))]
         except CheckCrashed as exc:
             self.log.error("judging %s failed: %s", name, exc)
             cell.outputs = [error_output(f"the grader could not run this check ({exc}); "
@@ -361,13 +570,14 @@ class JudgeCells:
         cell.execution_count = None
         return cell, resources
 
-    def _decide(self, name: str, student) -> list:
-        """The check's outputs: from this run's judge server when there is one, else from this process."""
+    def _decide(self, name: str, student, deadline: float | None = None) -> list:
+        """The check's outputs: from this run's judge server when there is one (its verdict due by
+        ``deadline`` plus the link's margin), else from this process."""
         link = self._link()
         if link is not None:
             started = time.monotonic()
             try:
-                return link.judge(name, student)
+                return link.judge(name, student, deadline)
             except ServerUnavailable as exc:
                 self._judge_link_broken = True
                 self._close_judge_link()
@@ -400,7 +610,7 @@ class JudgeCells:
             self._close_judge_client()
             from jupyter_client import BlockingKernelClient
 
-            client = BlockingKernelClient()
+            client = BlockingKernelClient(context=bounded_context())
             client.load_connection_info(km.get_connection_info())
             client.start_channels()
             try:
@@ -426,6 +636,7 @@ class JudgeCells:
         if self._judge_client is not None:
             try:
                 self._judge_client.stop_channels()
+                self._judge_client.context.destroy(linger=0)
             except Exception:  # noqa: BLE001
                 pass
         self._judge_client, self._judge_km = None, None

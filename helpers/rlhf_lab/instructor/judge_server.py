@@ -4,7 +4,9 @@ Every student's ``nbgrader autograde`` is a new process. Judging in that process
 imports the course library and compiles the jitted reference computations again for every
 student. A :class:`JudgeServer` keeps them in one long-lived process instead:
 
-* it listens on a Unix socket (``multiprocessing.connection``) in a private folder created with
+* it listens on a Unix socket (``multiprocessing.connection``, whose messages are read with
+  ``recv_bytes`` and a size limit and decoded as JSON of plain data, :func:`.judge.link_recv`: never
+  unpickled) in a private folder created with
   ``tempfile.mkdtemp`` (mode 0700, in the grader's ``/tmp``, outside every student folder; a
   sandboxed kernel has its own ``/tmp`` and cannot see it), and accepts only clients that know its
   random 32-byte key (the standard HMAC challenge of ``multiprocessing.connection``);
@@ -63,17 +65,18 @@ class ProxyStudent:
 
     def __init__(self, conn):
         self._conn = conn
-        from rlhf_lab.judging import core
+        from rlhf_lab.judging import core, wire
 
-        self._core = core
+        self._core, self._wire = core, wire
 
     def _ask(self, method: str, args: tuple, kwargs: dict):
+        data = judge.link_encode(("ask", method, args, kwargs))  # not plain data: the check's own failure
         try:
-            self._conn.send(("ask", method, args, kwargs))
-            answer = self._conn.recv()
-        except (OSError, EOFError, ValueError):
+            self._conn.send_bytes(data)
+            answer = judge.link_recv(self._conn)
+        except (OSError, EOFError, ValueError, self._wire.Refused):  # lost, or not a message of ours
             raise _LinkLost() from None
-        kind = answer[0] if isinstance(answer, tuple) and answer else None
+        kind = answer[0]
         if kind == "ok" and len(answer) == 2:
             return answer[1]
         if kind == "fail" and len(answer) == 2:
@@ -154,7 +157,7 @@ class JudgeServer:
                 return
             while not self._stopped.is_set():
                 try:
-                    message = conn.recv()
+                    message = judge.link_recv(conn)  # bounded, and plain data only (no unpickling)
                 except (OSError, EOFError):
                     return
                 except Exception:  # noqa: BLE001 - not a message of ours
@@ -167,7 +170,7 @@ class JudgeServer:
                 except _LinkLost:
                     return
                 try:
-                    conn.send(reply)
+                    judge.link_send(conn, reply)
                 except (OSError, ValueError):
                     return
         finally:
@@ -179,7 +182,7 @@ class JudgeServer:
         except _Aborted:
             return ("aborted",)
         except Exception as exc:  # noqa: BLE001 - reported to the grader process as its failure
-            return ("crashed", type(exc).__name__, str(exc))
+            return ("crashed", type(exc).__name__, str(exc)[:4000])
         finally:
             with self._lock:
                 self.served += 1

@@ -19,9 +19,18 @@ A request is ``{"op": "call" | "grad" | "value" | "scenario", "name": ..., "argn
 "needs": [...], "source": {...}, "args": [...], "kwargs": {...}}``; a response is
 ``{"ok": true, "value": <node>}`` or ``{"ok": false, "kind": "missing" | "raised" | "refused",
 "error": "..."}``.
+
+The kernel hands a response back as the ``text/plain`` repr of that JSON text (the value of a
+``user_expression``). On the judge side nothing of it is parsed before it is known to be small:
+:func:`read_text` checks the repr's length, then decodes it with a strict reader of one Python
+``str`` literal (it can build nothing but one string); :func:`response` checks the JSON text's length,
+counts its nodes and nesting (:func:`scan`, without building anything), and only then parses and
+decodes it. Anything over a bound is :class:`TooLarge`.
 """
 import base64
 import json
+import math
+import re
 
 import numpy as np
 
@@ -29,10 +38,30 @@ NUMERIC_KINDS = "biuf"
 MAX_TEXT = 10_000
 MAX_DEPTH = 8
 MAX_BYTES = 64 * 1024 * 1024
+#: Bounds of one response on the judge side, checked before it is parsed. Measured on the judged checks
+#: of the correct example submissions of the three graded assignments (48 checks, 128 responses, real
+#: kernel): the largest response was 2,669 characters of JSON with 183 nodes, 9 levels deep (test_loop's
+#: scenario); the largest request 3,679 characters with 92 nodes (test_seq_batch_rewards). The bounds
+#: are about 12x those figures (a student's float64 arrays take twice the base64 of float32 ones,
+#: extra dict keys more), and still keep the parsed objects of a response under a few megabytes.
+MAX_RESPONSE_CHARS = 32 * 1024
+MAX_RESPONSE_NODES = 2_048
+#: The deepest JSON a response can be whose nodes :func:`decode` accepts (a container node is two
+#: levels, an array's shape one more, the envelope one): anything deeper is refused before parsing.
+MAX_RESPONSE_DEPTH = 2 * MAX_DEPTH + 3
+#: The ``text/plain`` repr of a response's JSON text: the bridge's JSON is ASCII, whose repr doubles at
+#: most its backslashes (plus the two quotes).
+MAX_LITERAL_CHARS = 2 * MAX_RESPONSE_CHARS + 2
 
 
 class Refused(Exception):
     """A value that is not plain data (raised while encoding or decoding)."""
+
+
+class TooLarge(Refused):
+    """A response over the judge side's bounds, refused before it is parsed; the message ends a sentence
+    that starts "the answer ..." (for example "is 50,000,002 characters long; the grader reads at most
+    32,768")."""
 
 
 def _array_node(arr):
@@ -112,7 +141,8 @@ def decode(node, live=False, depth=0):
             raise Refused(f"an array of dtype {dtype}")
         data = base64.b64decode(node["data"].encode("ascii"), validate=True)
         shape = tuple(int(s) for s in node["shape"])
-        if len(data) > MAX_BYTES or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(data):
+        if (len(data) > MAX_BYTES or len(shape) > 32 or min(shape, default=0) < 0
+                or math.prod(shape) * dtype.itemsize != len(data)):
             raise Refused("an array whose data does not match its shape")
         return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
     if t in ("tuple", "list"):
@@ -195,10 +225,74 @@ def bridge(request_text):
                            "error": "a value that cannot be read (" + type(exc).__name__ + ": " + str(exc)[:500] + ")"})
 
 
+#: One ``str`` literal's body as ``repr`` writes it, for each quote: plain characters (not the quote, a
+#: backslash or a control character) and the escapes ``repr`` uses.
+_QUOTED = {quote: re.compile(r"(?:[^\\%s\x00-\x1f\x7f]|\\[\\'\"nrt]|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}"
+                             r"|\\U[0-9a-fA-F]{8})*" % quote) for quote in "'\""}
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)")
+_SIMPLE_ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "r": "\r", "t": "\t"}
+#: What :func:`scan` looks at: a whole JSON string (skipped), or one bracket or comma.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[][{},]', re.DOTALL)
+
+
+def _unescape(match):
+    code = match.group(1)
+    return _SIMPLE_ESCAPES[code] if len(code) == 1 else chr(int(code[1:], 16))
+
+
+def read_text(literal):
+    """The judge side: the string whose ``repr`` is ``literal`` (the kernel's ``text/plain``).
+
+    Strict: ``literal`` must be one quoted ``str`` literal as ``repr`` writes it (no prefix, no
+    concatenation, only the escapes ``repr`` uses), at most :data:`MAX_LITERAL_CHARS` long, checked
+    before anything is decoded; :class:`TooLarge` or :class:`Refused` otherwise."""
+    if type(literal) is not str:
+        raise Refused("an answer that is not text")
+    if len(literal) > MAX_LITERAL_CHARS:
+        raise TooLarge(f"is {len(literal):,} characters long; the grader reads at most {MAX_LITERAL_CHARS:,}")
+    quote = literal[:1]
+    if (len(literal) < 2 or quote not in _QUOTED or literal[-1] != quote
+            or _QUOTED[quote].fullmatch(literal, 1, len(literal) - 1) is None):
+        raise Refused("an answer that is not one quoted text")
+    try:
+        return _ESCAPE.sub(_unescape, literal[1:-1])
+    except (ValueError, OverflowError):  # a \U escape beyond the last code point
+        raise Refused("an answer with an invalid escape") from None
+
+
+def scan(text, max_nodes=MAX_RESPONSE_NODES, max_depth=MAX_RESPONSE_DEPTH):
+    """Check, without parsing, that the JSON ``text`` has at most ``max_nodes`` values and is nested at
+    most ``max_depth`` levels; :class:`TooLarge` otherwise.
+
+    Outside strings, every value but the first follows a comma or an opening bracket, so their count
+    plus one bounds the number of values (and of dict keys); the brackets give the depth."""
+    nodes, depth = 1, 0
+    for token in _TOKEN.finditer(text):
+        char = token.group()
+        if char in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise TooLarge(f"is nested more than {max_depth} levels deep; the grader reads at most {max_depth}")
+        elif char in "]}":
+            depth -= 1
+            continue
+        elif char != ",":
+            continue
+        nodes += 1
+        if nodes > max_nodes:
+            raise TooLarge(f"has more than {max_nodes:,} values (numbers, texts, lists or dicts); the grader "
+                           f"reads at most {max_nodes:,}")
+
+
 def response(text):
-    """The judge side: ``(ok, value or (kind, error))`` of a response's JSON text; :class:`Refused` if malformed."""
-    if type(text) is not str or len(text) > 2 * MAX_BYTES:
+    """The judge side: ``(ok, value or (kind, error))`` of a response's JSON text; :class:`Refused` if
+    malformed, :class:`TooLarge` (before any parsing) if over :data:`MAX_RESPONSE_CHARS`,
+    :data:`MAX_RESPONSE_NODES` or :data:`MAX_RESPONSE_DEPTH`."""
+    if type(text) is not str:
         raise Refused("a response that is not text")
+    if len(text) > MAX_RESPONSE_CHARS:
+        raise TooLarge(f"is {len(text):,} characters long; the grader reads at most {MAX_RESPONSE_CHARS:,}")
+    scan(text)
     try:
         body = json.loads(text)
     except ValueError as exc:
@@ -206,5 +300,10 @@ def response(text):
     if type(body) is not dict or type(body.get("ok")) is not bool:
         raise Refused("a response without a verdict")
     if body["ok"]:
-        return True, decode(body.get("value"))
+        try:
+            return True, decode(body.get("value"))
+        except Refused:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+            raise Refused(f"a malformed node ({type(exc).__name__}: {str(exc)[:200]})") from None
     return False, (str(body.get("kind", "raised"))[:40], str(body.get("error", ""))[:2000])

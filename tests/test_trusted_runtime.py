@@ -1,0 +1,116 @@
+"""Gradients the notebook's own code cannot rewrite (rlhf_lab/instructor/trusted_runtime.py).
+
+A :class:`TrustedRuntime` is a fresh, sandboxed Python that captures ``jax.grad`` before any cell of
+the notebook runs, then runs only the answer cells the requested function needs. These tests start
+real runtimes (bubblewrap, as a grading kernel) on small notebooks and compare each gradient with
+``jax.grad`` computed here, in the test process: a correct loss gets the true gradient, a loss that
+forgets nothing but a cell that rebinds ``jax.grad`` or ``stop_gradient`` is refused with the cell
+named, a NumPy loss JAX cannot trace fails with the reason, a test cell is never run, and a
+gradient that never finishes fails on its timeout.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import nbformat
+import numpy as np
+import pytest
+
+from course_support import REPO, load_module
+from rlhf_lab.judging.core import GradingError, Jax
+from rlhf_lab.instructor import trusted_runtime as tr
+
+sandbox = load_module(REPO / "helpers/rlhf_lab/instructor/sandbox.py", "rlhf_lab_course_sandbox")
+pytestmark = [pytest.mark.slow,  # each test starts a sandboxed Python that imports JAX
+              pytest.mark.skipif(sandbox.find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")]
+
+LOSS = """
+import jax
+import jax.numpy as jnp
+
+def loss(x, w):
+    return jnp.sum(jnp.tanh(x * w) ** 2) + 0.5 * jnp.sum(jax.lax.stop_gradient(w) * x)
+"""
+
+
+def cells(*sources, test_index=None):
+    out = []
+    for i, src in enumerate(sources):
+        cell = nbformat.v4.new_code_cell(src)
+        cell.metadata["nbgrader"] = ({"grade": True, "solution": False, "grade_id": f"test_{i}", "locked": True}
+                                     if i == test_index else {"grade": False, "solution": True,
+                                                              "grade_id": f"answer_{i}", "locked": False})
+        out.append(cell)
+    return out
+
+
+def expected(x, w):
+    def loss(x, w):
+        return jnp.sum(jnp.tanh(x * w) ** 2) + 0.5 * jnp.sum(jax.lax.stop_gradient(w) * x)
+
+    return np.asarray(jax.grad(loss, argnums=1)(x, w))
+
+
+@pytest.fixture
+def run(tmp_path):
+    made = []
+
+    def start(*sources, timeout=60.0):
+        runtime = tr.TrustedRuntime(cells(*sources, "pass"), str(tmp_path), timeout=timeout)
+        runtime.upto = len(sources)  # the (last) test cell
+        made.append(runtime)
+        return runtime
+
+    yield start
+    for runtime in made:
+        runtime.close()
+
+
+X = np.array([0.3, -1.2, 2.0], np.float32)
+W = np.array([1.5, 0.2, -0.7], np.float32)
+
+
+def test_a_correct_loss_gets_the_true_gradient(run):
+    runtime = run(LOSS)
+    got = runtime.grad("loss", 1, Jax(X), Jax(W))
+    np.testing.assert_allclose(np.asarray(got), expected(X, W), rtol=1e-6, atol=1e-7)
+    again = runtime.grad("loss", 1, Jax(X), Jax(W * 2))  # the same process answers the next request
+    np.testing.assert_allclose(np.asarray(again), expected(X, W * 2), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("attack", [
+    "jax.grad = lambda f, argnums=0: (lambda *a, **k: jnp.zeros(3))",
+    "jax.lax.stop_gradient = lambda v: v * 0.0",
+    "import jax._src.api as _api\n_api.grad = lambda f, argnums=0: (lambda *a, **k: jnp.zeros(3))",
+    "import builtins\nbuiltins.sum = lambda *a, **k: 0",
+])
+def test_a_cell_that_rewrites_jax_or_builtins_earns_nothing(run, attack):
+    runtime = run(LOSS + "\n" + attack + "\n")
+    with pytest.raises(GradingError, match="no points for this gradient test"):
+        runtime.grad("loss", 1, Jax(X), Jax(W))
+
+
+def test_a_numpy_loss_is_not_differentiated(run):
+    runtime = run("import numpy as np\n\ndef loss(x, w):\n    return float(np.sum(np.tanh(np.asarray(x) * np.asarray(w)) ** 2))\n")
+    with pytest.raises(GradingError, match="jax.grad could not differentiate your function"):
+        runtime.grad("loss", 1, Jax(X), Jax(W))
+
+
+def test_test_cells_and_cells_it_does_not_need_never_run(run, tmp_path):
+    runtime = run(LOSS, "raise SystemExit('an unrelated cell')", "def other():\n    return 1\n")
+    got = runtime.grad("loss", 1, Jax(X), Jax(W))
+    np.testing.assert_allclose(np.asarray(got), expected(X, W), rtol=1e-6, atol=1e-7)
+    assert tr.needed_cells(cells(LOSS, "import os\nos.remove('x')", "z = 1", "pass", test_index=3), 3, "loss") == [0]
+
+
+def test_a_missing_function_is_named(run):
+    runtime = run("x = 1\n")
+    with pytest.raises(GradingError, match="`loss` is not defined"):
+        runtime.grad("loss", 1, Jax(X), Jax(W))
+
+
+def test_a_gradient_that_never_finishes_fails_on_the_timeout(run):
+    runtime = run("import time\n\ndef loss(x, w):\n    while True:\n        time.sleep(0.05)\n", timeout=5.0)
+    with pytest.raises(GradingError, match="not computed within 5 s"):
+        runtime.grad("loss", 1, Jax(X), Jax(W))
+    assert runtime.timed_out
