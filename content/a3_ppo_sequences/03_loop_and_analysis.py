@@ -290,7 +290,10 @@ assert b > 0, f"on this task the gold gain bends down (b > 0), got b = {b}"
 # distribution and KL are known (`best_of_n_summary`), and its KL is at most $\log n - (n-1)/n$.
 # *GRPO* drops the critic: it samples a group of responses per prompt and uses the group-normalised
 # score as the advantage of every token, $A_{ij} = (s_{ij} - \bar s_i)/(\operatorname{std}_i s + 10^{-6})$
-# (population std). *DPO* skips the reward model: on the preference pairs it minimises
+# (population std). A group whose scores are all equal carries no signal: its advantages are 0
+# (the library's `group_advantages` also treats a group whose std is at most $10^{-4}$ of its largest
+# $|s|$ as constant, so float32 rounding of the mean cannot turn into a large advantage; the hidden
+# test accepts the formula with or without that rule). *DPO* skips the reward model: on the preference pairs it minimises
 # $\operatorname{mean}\operatorname{softplus}\big(-\beta[(\log\pi(y^c) - \log\pi_{\text{ref}}(y^c)) - (\log\pi(y^r) - \log\pi_{\text{ref}}(y^r))]\big)$
 # over sequence log-probs. Write `group_advantages(scores)` (`[n_groups, group_size]`) and
 # `dpo_loss(logp_chosen, logp_rejected, ref_logp_chosen, ref_logp_rejected, beta)`.
