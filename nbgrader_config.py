@@ -114,10 +114,10 @@ c.Autograde.autograde_preprocessors = [
 c.StderrToStdout.prefix = "[stderr] "
 
 # --- trust: kernel limits, a kernel death never costs the rest, feedback without hidden tests -----
-# (added for the trust work; see docs/security.md and rlhf_lab/instructor/{kernel_guard,feedback_filter}.py)
+# (docs/security.md and rlhf_lab/instructor/{kernel_guard,feedback_filter}.py)
 # * Execute is replaced by rlhf_lab's drop-in subclass of the same name (every c.Execute.* setting
 #   above still applies): kernels start under RLIMIT_AS = $RLHF_KERNEL_MEMORY_MB MiB (default 4096)
-#   and RLIMIT_FSIZE = $RLHF_KERNEL_FILE_MB MiB (default 1024), optionally as $RLHF_KERNEL_USER, and a
+#   and RLIMIT_FSIZE = $RLHF_KERNEL_FILE_MB MiB (default 1024), in the sandbox (sandbox.py), and a
 #   kernel that dies (os._exit, crash, memory) or ignores the timeout's interrupt is killed, the
 #   cells after it are marked not run, and the student is graded on what finished.
 # * generate_feedback drops hidden-test code and traceback context from the feedback HTML
