@@ -114,3 +114,21 @@ def test_a_gradient_that_never_finishes_fails_on_the_timeout(run):
     with pytest.raises(GradingError, match="not computed within 5 s"):
         runtime.grad("loss", 1, Jax(X), Jax(W))
     assert runtime.timed_out
+
+
+def test_what_the_notebook_is_given_does_not_lead_to_the_runtime_globals(run):
+    """get_ipython, display, the shell's class and sys.modules['__main__'] carry none of the runtime's
+    globals (its pipe, the request's token): a loss that looks for them finds nothing."""
+    runtime = run(LOSS + '''
+import sys
+
+def probe(x, w):
+    places = [get_ipython.__globals__, display.__globals__, type(get_ipython()).__getattr__.__globals__,
+              vars(sys.modules["__main__"])]
+    leaks = [k for k in ("_token", "_OUT", "_send", "_write") for p in places if k in p]
+    if leaks:
+        raise RuntimeError("the runtime's globals are reachable: " + ", ".join(leaks))
+    return loss(x, w)
+''')
+    got = runtime.grad("probe", 1, Jax(X), Jax(W))
+    np.testing.assert_allclose(np.asarray(got), expected(X, W), rtol=1e-6, atol=1e-7)

@@ -111,6 +111,14 @@ def _send(body):
 
 
 _setup = _recv()
+# the installed modules the notebook imports, imported now, before the snapshot and the audit hook:
+# importing them (matplotlib's font cache runs a subprocess, JAX and the course library set class
+# attributes) is the trusted code of the environment, not the notebook's
+for _module_name in _setup.get("preimport", ()):
+    try:
+        __import__(_module_name)
+    except BaseException:  # noqa: BLE001 - not installed (or not in this build): the cell reports it
+        pass
 _wire = _types.ModuleType("_rlhf_trusted_wire")
 _exec(_compile(_setup["wire"], "<trusted wire>", "exec"), _wire.__dict__)
 _encode, _decode, _Refused = _wire.encode, _wire.decode, _wire.Refused
@@ -156,6 +164,21 @@ def _snapshot():
 
 
 _BASE = _snapshot()
+# What the audit hook guards: the attributes of the trusted modules' classes and functions as they
+# were at the snapshot (rebinding or deleting one, even for a moment, is refused). A NEW attribute of
+# a trusted class is not: importing more of JAX or the course library sets some (lazily built
+# methods, registries), which is what a notebook's imports cell does.
+_GUARDED = set()
+for _name, _module in _list(_sys.modules.items()):
+    if not _trusted_name(_name) or _type(_getattr(_module, "__dict__", None)) is not dict:
+        continue
+    for _value in _list(_module.__dict__.values()):
+        if _type(_value) is _types.FunctionType:
+            for _attr in ("__code__", "__defaults__", "__kwdefaults__", "__globals__", "__closure__"):
+                _GUARDED.add((_id(_value), _attr))
+        elif _isinstance(_value, _type) and _getattr(_value, "__module__", None) == _name:
+            for _attr in _list(_value.__dict__):
+                _GUARDED.add((_id(_value), _attr))
 _REPORTED = set()
 _HANDLERS = {s: _signal.getsignal(s) for s in _signal.valid_signals() if s not in (_signal.SIGKILL, _signal.SIGSTOP)}
 _state = {"student": False, "where": "", "events": []}
@@ -165,10 +188,10 @@ def _audit(event, args):
     if not _state["student"]:
         return
     bad = event.startswith(_FORBIDDEN)
-    if not bad and event in ("object.__setattr__", "object.__delattr__") and args:
+    if not bad and event in ("object.__setattr__", "object.__delattr__") and _len(args) > 1:
         target = args[0]
-        owner = _getattr(target, "__module__", None) if _isinstance(target, (_type, _types.FunctionType)) else None
-        bad = _trusted_name(owner) or (_isinstance(target, _types.ModuleType) and _trusted_name(target.__name__))
+        bad = (_id(target), args[1]) in _GUARDED or (
+            _isinstance(target, _types.ModuleType) and _trusted_name(target.__name__))
     if not bad and event == "object.__getattr__" and _len(args) > 1 and args[1] in _FRAMES:
         bad = True
     if bad:
@@ -209,16 +232,31 @@ def _tampering(where):
     return found
 
 
+# What the notebook's code can reach is defined in a namespace of its own, so that no function or
+# class it is given has the runtime's globals (its pipe descriptors, the request's token) as
+# ``__globals__``; and ``sys.modules["__main__"]`` is not the runtime's module either.
+_given = {"__builtins__": _builtins, "__name__": "__main__"}
+_exec(_compile("""
 class _Shell:
-    """``get_ipython()`` of the runtime: magics and shell commands do nothing."""
+    \"\"\"get_ipython() of the runtime: magics and shell commands do nothing.\"\"\"
 
     def __getattr__(self, name):
         return lambda *a, **k: None
 
 
 _shell = _Shell()
-_ns = {"__name__": "__main__", "__builtins__": _builtins, "get_ipython": lambda: _shell,
-       "display": lambda *a, **k: None}
+
+
+def get_ipython():
+    return _shell
+
+
+def display(*args, **kwargs):
+    return None
+""", "<trusted runtime shell>", "exec"), _given)
+_ns = {"__name__": "__main__", "__builtins__": _builtins, "get_ipython": _given["get_ipython"],
+       "display": _given["display"]}
+_sys.modules["__main__"] = _types.ModuleType("__main__")
 
 
 def _student(where, work):
@@ -297,10 +335,13 @@ TRUSTED_MODULES = ("jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum", "scipy",
                    "collections", "contextlib", "weakref", "threading", "dataclasses", "enum", "abc", "copy",
                    "gc", "signal", "ctypes", "_ctypes", "_json", "_functools", "_operator", "_collections",
                    "_weakref", "_thread", "_abc")
-#: Audit events refused while notebook code runs (prefixes, see ``sys.addaudithook``).
+#: Audit events refused while notebook code runs (prefixes, see ``sys.addaudithook``). Not
+#: ``sys._getframe``: the standard library and JAX call it on an honest notebook's behalf (namedtuple,
+#: typing, warnings, logging...), and frames are reachable without it anyway (an exception's
+#: ``__traceback__``); the pre-flight reports frame reads written in the code (:mod:`.rebinding`).
 FORBIDDEN_EVENTS = ("_thread.start_new_thread", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
                     "os.system", "os.kill", "os.killpg", "subprocess.Popen", "ctypes.", "sys.settrace",
-                    "sys.setprofile", "sys._getframe", "sys._current_frames", "sys.remote_exec",
+                    "sys.setprofile", "sys._current_frames", "sys.remote_exec",
                     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.addaudithook",
                     "signal.pthread_kill", "cpython.")
 
@@ -418,6 +459,29 @@ def needed_cells(cells, upto: int, name: str) -> list[int]:
         chosen.append(index)
         need = (need - sure) | _used_names(tree)
     return sorted(chosen)
+
+
+def imported_modules(cells) -> list[str]:
+    """The absolute module names the notebook's code cells import (``import a.b``: ``a.b``; ``from a
+    import b``: ``a`` and ``a.b``, which may be a submodule), in order, each once. The runtime imports
+    them before any notebook code runs; only installed modules can be found there (its working folder
+    is empty), so this runs nothing of the student's."""
+    out: list[str] = []
+    for cell in cells:
+        if cell.get("cell_type") != "code":
+            continue
+        try:
+            tree = ast.parse(python_source(cell.get("source", "")))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names if a.name != "*"]
+            out += [n for n in names if n not in out and n.replace(".", "").replace("_", "").isalnum()]
+    return out[:200]
 
 
 def cell_label(cells, index: int) -> str:
@@ -602,7 +666,8 @@ class TrustedRuntime:
         self._holder[0] = self._proc
         self._tampered, self._ready = [], False
         self.starts += 1
-        self._write({"wire": _wire_source(), "trusted": list(TRUSTED_MODULES), "forbidden": list(FORBIDDEN_EVENTS)})
+        self._write({"wire": _wire_source(), "trusted": list(TRUSTED_MODULES), "forbidden": list(FORBIDDEN_EVENTS),
+                     "preimport": imported_modules(self.cells)})
 
     def _command(self) -> tuple[list[str], dict]:
         """The runtime's command line and ``Popen`` keywords: sandboxed like a grading kernel."""
