@@ -348,8 +348,25 @@ def _reachable_interpreter(cmd: list[str], base: Path) -> list[str]:
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("unshare") is None,
                     reason="needs root and setpriv to switch to an unprivileged grader")
+def _closed_ancestor(path: str) -> str | None:
+    """The first folder above ``path`` that other users cannot traverse (outside ``/root``, which
+    :func:`_reachable_interpreter` handles), or None."""
+    parts = Path(os.path.abspath(path)).parts
+    for i in range(2, len(parts)):
+        folder = Path(*parts[:i])
+        if folder.parts[:2] == ("/", "root"):
+            continue
+        if not os.stat(folder).st_mode & 0o001:
+            return str(folder)
+    return None
+
+
 def test_an_unprivileged_grader_gets_the_same_scratch(tmp_path):
     """the same attack, with the grader an ordinary user (bubblewrap in a user namespace)"""
+    closed = _closed_ancestor(sys.prefix) or _closed_ancestor(str(REPO))
+    if closed:
+        pytest.skip(f"{closed} (above this checkout or its .venv) is closed to other users, so an unprivileged "
+                    "grader cannot run this Python")
     uid = 1_234_567
     base = Path(tempfile.mkdtemp(prefix="rlhf-unpriv-", dir="/tmp"))
     try:
