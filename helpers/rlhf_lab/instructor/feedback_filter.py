@@ -352,21 +352,11 @@ class _Parts:
 
 
 def _safe_files():
-    """:mod:`rlhf_lab.instructor.safe_files` (this file is also loaded by its path, outside the package)."""
-    if __package__:
-        from . import safe_files
+    """:mod:`rlhf_lab.instructor.safe_files`, imported by name (this file is also loaded by its path,
+    outside the package, where a relative import would not work)."""
+    from rlhf_lab.instructor import safe_files
 
-        return safe_files
-    import importlib.util
-    import sys
-
-    name = "rlhf_lab_course_safe_files"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("safe_files.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return safe_files
 
 
 def read_page(path: str | Path) -> str:

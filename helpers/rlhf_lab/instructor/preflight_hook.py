@@ -91,16 +91,11 @@ def _integrity():
 
 
 def _safe_files():
-    """:mod:`rlhf_lab.instructor.safe_files`, loaded by its file path like this module (standard library only)."""
-    name = "rlhf_lab_course_safe_files"
-    if name not in sys.modules:
-        import importlib.util
+    """:mod:`rlhf_lab.instructor.safe_files`, imported by name like :func:`_integrity` (one module
+    object for the pre-flight and these hooks, so the course roots it knows are the same)."""
+    from rlhf_lab.instructor import safe_files
 
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("safe_files.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return safe_files
 
 
 def _concrete(name) -> bool:
