@@ -63,7 +63,6 @@ import contextlib
 import json
 import logging
 import os
-import sys
 import threading
 from pathlib import Path
 
