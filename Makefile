@@ -23,9 +23,9 @@ lesson: venv
 
 ## make test: the whole suite, browser tests included. The fast tests run on two processes (one per
 ## core, pytest-xdist, a file per process at a time); the class runs, browser and PostgreSQL tests
-## after them, also on two processes, a group of files per process (`--dist loadscope` with the
-## grouping in tests/conftest.py: the modules that grade the two big classes form one group, every
-## other module its own). Both parts always run.
+## after them, also on two processes, in groups (`--dist loadscope` with the grouping in
+## tests/conftest.py: the bundled class's tests one group, the hostile class one module, the
+## 100-seed answer checks one test each, every other module its own). Both parts always run.
 FAST := not slow and not browser and not postgres
 test: venv
 	@status=0; \

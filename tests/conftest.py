@@ -13,18 +13,27 @@ _bin = str(Path(sys.executable).parent)
 if not os.environ.get("PATH", "").startswith(_bin + os.pathsep):
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
 
-#: Test modules that grade the session's two big classes (the bundled class, once per session, and
-#: the hostile class): one group, so that in ``make test``'s slow part (two processes,
-#: ``-n 2 --dist loadscope``) each class is graded once and the two class runs, each on two Dask
-#: workers, never compete with each other for the machine's cores.
-CLASS_RUN_MODULES = {"test_feedback_check", "test_pipeline", "test_trust"}
+#: Test modules that grade the session's bundled class (once per session, ``bundled_class_run``):
+#: one group, so that in ``make test``'s slow part (``-n 2 --dist loadscope``) it is graded once.
+BUNDLED_CLASS_MODULES = {"test_feedback_check", "test_pipeline"}
+#: Tests of other modules that use the bundled class too (they join its group).
+BUNDLED_CLASS_TESTS = {"test_class_graded_again_killed_partway_and_resumed_gives_identical_grades"}
+#: Modules whose tests share no expensive fixture: each test is its own group, so the two
+#: processes share them out evenly (the 100-seed runs of every check would otherwise fill one).
+SPREAD_MODULES = {"test_alternative_answers"}
 
 
 def scope_of(nodeid: str) -> str:
-    """The group a test runs in: its module (so module- and session-scoped fixtures are built once
-    per process), or ``class-runs`` for the modules of :data:`CLASS_RUN_MODULES`."""
-    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-    return "class-runs" if module in CLASS_RUN_MODULES else module
+    """The group a test runs in: ``bundled-class`` for the tests of the bundled class, the test itself
+    for :data:`SPREAD_MODULES`, else its module (so module- and session-scoped fixtures are built once
+    per process; the hostile class of ``test_trust`` is one module fixture)."""
+    path, _, test = nodeid.partition("::")
+    module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    if module in BUNDLED_CLASS_MODULES or test.split("[", 1)[0] in BUNDLED_CLASS_TESTS:
+        return "bundled-class"
+    if module in SPREAD_MODULES:
+        return nodeid
+    return module
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -8,22 +8,95 @@ style, on many grader seeds; a check that fails a correct answer on any seed is 
 rounding, an exact comparison where rounding is legal).
 
 The default run uses :data:`FAST_SEEDS`; the ``slow`` run uses :data:`ALL_SEEDS`, 100 grader seeds.
+Every seed's check runs for real, but a call it makes with exactly the arguments of an earlier seed
+(the lesson's recorded run, the lesson's reward fit: parts of a check that do not depend on the
+grader's seed) is answered from that earlier call (:class:`RepeatingStudent`): the answers are pure
+functions, so the result is the same, and the fresh part of each seed is what the 100 seeds are for.
+
 Combinations where a NumPy answer is not possible (the check takes ``jax.grad`` of the answer, or
 the statement prescribes it) are skipped with the reason.
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
 
 from fixtures import alternative_answers as alt
 from rlhf_lab.judging import CHECKS, core
-from rlhf_lab.judging.core import GradingError, LocalStudent
+from rlhf_lab.judging.core import GradingError, Jax, Key, LocalStudent, Source, materialise, plain
 
 REF = core.library_reference()
 FAST_SEEDS = range(10)
 ALL_SEEDS = range(100)
 NAMES = sorted(CHECKS)
+
+
+def _key(value):
+    """A hashable key that is equal for two arguments exactly when a pure function must answer them alike."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return ("nd", value.dtype.str, value.shape, value.tobytes())
+    if kind is Jax:
+        return ("jax", _key(value.value))
+    if kind is Key:
+        return ("key", value.seed)
+    if kind is Source:
+        return ("source", value.name, value.source)
+    if kind in (tuple, list):
+        return (kind.__name__, *map(_key, value))
+    if kind is dict:
+        return ("dict", *sorted((k, _key(v)) for k, v in value.items()))
+    if value is None or kind in (bool, int, float, str, np.float32, np.float64, np.int32, np.int64, np.bool_):
+        return (kind.__name__, repr(value))
+    raise TypeError(f"no key for an argument of type {kind.__name__}")
+
+
+class RepeatingStudent(LocalStudent):
+    """A :class:`LocalStudent` that answers a call repeated with identical arguments from the first one.
+
+    One per (check, style) over all seeds. The cached answers are the plain data the first call
+    returned, copied for every use; ``value`` and anything whose arguments differ run for real. A
+    function a check writes (a :class:`~rlhf_lab.judging.core.Source`, such as the grader's rollout
+    update handed to ``run_ppo``) is built once, so its compiled gradient serves every seed.
+    """
+
+    def __init__(self, namespace: dict):
+        super().__init__(namespace)
+        self.answers: dict = {}
+        self.built: dict = {}
+
+    def _materialise(self, value):
+        if type(value) is Source:
+            if value not in self.built:
+                self.built[value] = value.build()
+            return self.built[value]
+        if type(value) in (tuple, list):
+            return type(value)(self._materialise(v) for v in value)
+        if type(value) is dict:
+            return {k: self._materialise(v) for k, v in value.items()}
+        return materialise(value)
+
+    def _once(self, key, compute):
+        if key not in self.answers:
+            self.answers[key] = compute()
+        return copy.deepcopy(self.answers[key])
+
+    def call(self, name, *args, **kwargs):
+        def run():
+            fn = self._get(name)
+            return plain(fn(*self._materialise(args), **self._materialise(kwargs)), f"{name}: its result")
+
+        return self._once(("call", name, _key(args), _key(kwargs)), run)
+
+    def grad(self, name, argnums, *args, **kwargs):
+        return self._once(("grad", name, _key(argnums), _key(args), _key(kwargs)),
+                          lambda: super(RepeatingStudent, self).grad(name, argnums, *args, **kwargs))
+
+    def scenario(self, source, needs, *args, **kwargs):
+        return self._once(("scenario", _key(source), tuple(needs), _key(args), _key(kwargs)),
+                          lambda: super(RepeatingStudent, self).scenario(source, needs, *args, **kwargs))
 
 
 def _skip_reason(name: str, style: str) -> str | None:
@@ -37,8 +110,8 @@ def _grade(name: str, style: str, seeds) -> list[str]:
     """The failures (seed and the student's message) of the check ``name`` on ``style``'s answers."""
     check = CHECKS[name]
     failures = []
+    student = RepeatingStudent(alt.namespace(style, check.assignment))
     for seed in seeds:
-        student = LocalStudent(alt.namespace(style, check.assignment))
         try:
             check.run(student, np.random.default_rng(seed), REF)
         except GradingError as err:

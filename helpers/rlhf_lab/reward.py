@@ -80,14 +80,19 @@ def fit_reward(
     return FittedReward(w, jax.lax.stop_gradient(feats @ w), losses)
 
 
+@jax.jit
+def _loss_and_grad(w, chosen, rejected):
+    """``(preference_loss(w), d preference_loss / dw)`` for [pairs, d] ``chosen``/``rejected`` features (compiled once per shape)."""
+    return jax.value_and_grad(preference_loss)(w, chosen, rejected)
+
+
 def _fit(features, chosen_idx, rejected_idx, steps, lr):
     chosen = features[chosen_idx]
     rejected = features[rejected_idx]
-    grad = jax.jit(jax.value_and_grad(lambda w: preference_loss(w, chosen, rejected)))
     w = jnp.zeros(features.shape[1], jnp.float32)
     losses = []
     for _ in range(steps):
-        loss, g = grad(w)
+        loss, g = _loss_and_grad(w, chosen, rejected)
         losses.append(loss)
         w = w - lr * g
     return w, jnp.stack(losses)

@@ -6,6 +6,8 @@ say *which* mistake an answer's outputs match.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .core import Jax, Key, check, close, matches
@@ -52,6 +54,19 @@ def as_jax(args: tuple) -> tuple:
     return tuple(Jax(a) if isinstance(a, np.ndarray) else a for a in args)
 
 
+@functools.lru_cache(maxsize=16)
+def loss_grad(loss):
+    """``jax.jit(jax.grad(loss))``, built once per loss function (the reference's ``ppo_loss``).
+
+    Every rollout update the grader computes differentiates the same reference loss on arrays of the
+    same shapes: one compiled gradient serves them all, where ``jax.grad`` alone would trace the
+    loss again at every step of every check.
+    """
+    import jax
+
+    return jax.jit(jax.grad(loss))
+
+
 def trusted_update(ref, logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon,
                    learning_rate, mistake: str | None = None):
     """One rollout of the lesson's PPO, or the same with one classic ``mistake`` (:data:`UPDATE_MISTAKES`).
@@ -76,7 +91,7 @@ def trusted_update(ref, logits, draw_key, rewards, ref_logp, *, batch_size, epoc
     if mistake == "batch_mean_baseline":
         advantages = rewards[actions] - jnp.mean(rewards[actions])
     anchor = old_all if mistake == "kl_to_old" else ref_logp
-    grad = jax.grad(ref.ppo_loss)
+    grad = loss_grad(ref.ppo_loss)
     for _ in range(1 if mistake == "one_step" else epochs):
         if mistake == "recompute_old":
             old_logp = jax.nn.log_softmax(logits)[actions]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .core import Jax, Source, check, close, equal, field, matches, to_float
-from .procedures import LOOP_FORBID, check_update, fresh_update_inputs, trusted_run
+from .procedures import LOOP_FORBID, check_update, fresh_update_inputs, loss_grad, trusted_run
 from .registry import check as register
 
 A, NB = "a2_ppo_rlhf", "03_rollouts.ipynb"
@@ -211,7 +211,7 @@ def reference_diagnostics(ref, logits, draw_key, rewards, ref_logp, *, batch_siz
     actions = jax.random.categorical(draw_key, old_all, shape=(batch_size,))
     old_logp = old_all[actions]
     advantages = ref.exact_advantages(actions, rewards, old_all)
-    grad = jax.grad(ref.ppo_loss)
+    grad = loss_grad(ref.ppo_loss)
     rows = {"clip_frac": [], "k1": [], "k3": [], "exact_kl": [], "ratio": []}
 
     def measure(z):

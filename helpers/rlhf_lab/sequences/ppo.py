@@ -100,6 +100,12 @@ def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma, lam):
     v.ndim("rewards", rewards, 2)
     v.unit_interval("gamma", gamma, "discount")
     v.unit_interval("lam", lam, "GAE lambda")
+    return _gae(rewards, values, mask, gamma, lam)
+
+
+@jax.jit
+def _gae(rewards, values, mask, gamma, lam):
+    """:func:`gae` after validation, compiled once per shape (gamma and lam are traced, not constants)."""
     values = values * mask
     next_mask = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], axis=1)
     next_values = jnp.concatenate([values[:, 1:], jnp.zeros_like(values[:, :1])], axis=1)
