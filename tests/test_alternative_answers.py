@@ -25,7 +25,7 @@ import pytest
 
 from fixtures import alternative_answers as alt
 from rlhf_lab.judging import CHECKS, core
-from rlhf_lab.judging.core import GradingError, Jax, Key, LocalStudent, Source, materialise, plain
+from rlhf_lab.judging.core import GradingError, Jax, Key, LocalStudent, Source
 
 REF = core.library_reference()
 FAST_SEEDS = range(10)
@@ -65,38 +65,23 @@ class RepeatingStudent(LocalStudent):
     def __init__(self, namespace: dict):
         super().__init__(namespace)
         self.answers: dict = {}
-        self.built: dict = {}
+        self.built = {}
 
-    def _materialise(self, value):
-        if type(value) is Source:
-            if value not in self.built:
-                self.built[value] = value.build()
-            return self.built[value]
-        if type(value) in (tuple, list):
-            return type(value)(self._materialise(v) for v in value)
-        if type(value) is dict:
-            return {k: self._materialise(v) for k, v in value.items()}
-        return materialise(value)
-
-    def _once(self, key, compute):
+    def _once(self, key, compute, *args, **kwargs):
         if key not in self.answers:
-            self.answers[key] = compute()
+            self.answers[key] = compute(*args, **kwargs)
         return copy.deepcopy(self.answers[key])
 
     def call(self, name, *args, **kwargs):
-        def run():
-            fn = self._get(name)
-            return plain(fn(*self._materialise(args), **self._materialise(kwargs)), f"{name}: its result")
-
-        return self._once(("call", name, _key(args), _key(kwargs)), run)
+        return self._once(("call", name, _key(args), _key(kwargs)), super().call, name, *args, **kwargs)
 
     def grad(self, name, argnums, *args, **kwargs):
-        return self._once(("grad", name, _key(argnums), _key(args), _key(kwargs)),
-                          lambda: super(RepeatingStudent, self).grad(name, argnums, *args, **kwargs))
+        return self._once(("grad", name, _key(argnums), _key(args), _key(kwargs)), super().grad, name, argnums,
+                          *args, **kwargs)
 
     def scenario(self, source, needs, *args, **kwargs):
-        return self._once(("scenario", _key(source), tuple(needs), _key(args), _key(kwargs)),
-                          lambda: super(RepeatingStudent, self).scenario(source, needs, *args, **kwargs))
+        return self._once(("scenario", _key(source), tuple(needs), _key(args), _key(kwargs)), super().scenario,
+                          source, needs, *args, **kwargs)
 
 
 def _skip_reason(name: str, style: str) -> str | None:

@@ -93,8 +93,12 @@ class Source:
         return namespace[self.name]
 
 
-def materialise(value):
-    """The object a student's function receives for an argument (see :class:`Jax`, :class:`Key`, :class:`Source`)."""
+def materialise(value, built: dict | None = None):
+    """The object a student's function receives for an argument (see :class:`Jax`, :class:`Key`, :class:`Source`).
+
+    A :class:`Source` is built afresh, or, when ``built`` is a dict, once per source into it (for a
+    caller that runs one student's code many times and wants one compiled function throughout).
+    """
     if _isinstance(value, Jax):
         import jax.numpy as jnp
 
@@ -104,13 +108,17 @@ def materialise(value):
 
         return jax.random.key(value.seed)
     if _isinstance(value, Source):
-        return value.build()
+        if built is None:
+            return value.build()
+        if value not in built:
+            built[value] = value.build()
+        return built[value]
     if _type(value) is np.ndarray:
         return value.copy()  # the student's code may write into its inputs; the check's stay intact
     if _type(value) in (tuple, list):
-        return _type(value)(materialise(v) for v in value)
+        return _type(value)(materialise(v, built) for v in value)
     if _type(value) is dict:
-        return {k: materialise(v) for k, v in value.items()}
+        return {k: materialise(v, built) for k, v in value.items()}
     return value
 
 
@@ -133,6 +141,9 @@ class LocalStudent:
     notebook; it runs the functions directly (no delegation or tampering checks).
     """
 
+    #: Sources built once per student (see :func:`materialise`); None builds them at every call.
+    built: dict | None = None
+
     def __init__(self, namespace: dict):
         self.namespace = namespace
 
@@ -142,20 +153,22 @@ class LocalStudent:
         return self.namespace[name]
 
     def call(self, name, *args, **kwargs):
-        return plain(self._get(name)(*materialise(args), **materialise(kwargs)), f"{name}: its result")
+        return plain(self._get(name)(*materialise(args, self.built), **materialise(kwargs, self.built)),
+                     f"{name}: its result")
 
     def grad(self, name, argnums, *args, **kwargs):
         import jax
 
         fn = jax.grad(self._get(name), argnums=argnums)
-        return plain(fn(*materialise(args), **materialise(kwargs)), f"{name}: its gradient")
+        return plain(fn(*materialise(args, self.built), **materialise(kwargs, self.built)), f"{name}: its gradient")
 
     def value(self, name):
         return plain(self._get(name), name)
 
     def scenario(self, source, needs, *args, **kwargs):
         students = {n: self._get(n) for n in needs}
-        return plain(source.build()(*materialise(args), **students, **materialise(kwargs)), source.name)
+        return plain(source.build()(*materialise(args, self.built), **students, **materialise(kwargs, self.built)),
+                     source.name)
 
 
 # ------------------------------------------------------------------------------------------------
