@@ -235,7 +235,7 @@ def test_lint_finding_names_notebook_cell_and_rule():
     f = authoring.Finding("source/a/01.ipynb", "test_x", "points", "graded cell has points 0")
     assert str(f) == "source/a/01.ipynb [test_x] points: graded cell has points 0"
     assert set(authoring.RULES) >= {"clean", "cell-id", "start-cell", "grade-id", "points", "points-table",
-                                     "test-cell", "cell-kind"}
+                                     "test-cell", "cell-kind", "answer-read"}
 
 
 def test_pairs_detect_an_edit_on_either_side(tmp_path):
@@ -254,3 +254,32 @@ def test_pairs_detect_an_edit_on_either_side(tmp_path):
     (course / "content" / "a2_ppo_rlhf" / "99_gone.py").write_text("# %%\n", encoding="utf-8")
     assert any("no notebook" in p for p in authoring.pair_diff(course))
     assert json.loads((course / "source/a2_ppo_rlhf/01_losses.ipynb").read_text())["nbformat"] == 4
+
+
+def test_lint_names_an_answer_cell_no_check_reads(nb):
+    """An answer cell whose names no hidden check needs cannot be graded (a2 had one: the behaviour-policy
+    gradients cell); the rule names it, and an answer read through another answer still counts."""
+    answer = next(c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution"))
+    stray = nbformat.v4.new_code_cell("### BEGIN SOLUTION\nunread_value = 3\n### END SOLUTION")
+    stray.metadata["nbgrader"] = {"grade": False, "grade_id": "unread_answer", "locked": False,
+                                  "schema_version": 3, "solution": True, "task": False}
+    nb.cells.insert(nb.cells.index(answer) + 1, stray)
+    found = [f for f in _lint_one(nb) if f.rule == "answer-read"]
+    assert [f.cell_id for f in found] == [stray.id] and "unread_answer" in found[0].message
+    # once a checked answer uses it, a check reads it too
+    answer.source = answer.source.replace("### END SOLUTION", "unread_value\n### END SOLUTION")
+    nb.cells.remove(stray)
+    nb.cells.insert(nb.cells.index(answer), stray)
+    assert [f for f in _lint_one(nb) if f.rule == "answer-read"] == []
+
+
+def test_every_answer_cell_of_the_course_is_read_by_a_check():
+    for path in sorted((ROOT / "source").glob("*/*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        if not authoring.assignment_totals([nb])[0]:
+            continue
+        read = authoring.read_answer_cells(nb)
+        for index, cell in enumerate(nb.cells):
+            m = cell.metadata.get("nbgrader", {})
+            if cell.cell_type == "code" and m.get("solution") and not m.get("grade"):
+                assert index in read, f"{path.name}: {m['grade_id']}"

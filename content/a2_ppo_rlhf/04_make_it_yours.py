@@ -193,8 +193,8 @@ print("exactly zero at the reference:", zero_kl == 0.0)
 # surrogate averaged over all `P * B` samples, plus `beta` times the exact KL averaged over
 # prompts. You may use `clipped_surrogate` and `categorical_kl` (not the library's `ppo_loss`):
 # what this task asks for is the gathering per prompt, the averaging, and keeping `old_logp` and
-# `advantages` constants. Then compute the gradients of *your* loss with respect to them on the
-# given batch.
+# `advantages` constants. The cell after your answer takes the gradients of *your* loss with
+# respect to them on the given batch (the hidden test does the same on fresh prompts).
 #
 # ### Task 4.2: `multi_prompt_ppo_loss` (4 points)
 
@@ -228,13 +228,11 @@ def multi_prompt_ppo_loss(logits, old_logp, actions, advantages, ref_logp, beta,
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": false, "grade_id": "behaviour_grads_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-# define old_grad, adv_grad: gradients of YOUR loss w.r.t. old_logp and advantages on the given batch
-# (batch_logits, batch_old, batch_actions, batch_adv, batch_ref) with beta = epsilon = 0.2
-### BEGIN SOLUTION
+# %% nbgrader={"grade": false, "grade_id": "behaviour_grads", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# given: the gradients of YOUR loss w.r.t. old_logp and advantages on the batch above
+# (beta = epsilon = 0.2); both must be exactly zero
 old_grad, adv_grad = jax.grad(multi_prompt_ppo_loss, argnums=(1, 3))(
     batch_logits, batch_old, batch_actions, batch_adv, batch_ref, 0.2, 0.2)
-### END SOLUTION
 print("Behaviour log probs and advantages detached:", not np.any(old_grad), not np.any(adv_grad))
 
 # %% nbgrader={"grade": true, "grade_id": "test_transfer_value", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}

@@ -86,7 +86,7 @@ print(example_mask)
 print("real tokens per response:", example_mask.sum(axis=1))
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_response_mask", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-# test_seq_response_mask: EOS counted and padding masked on fresh responses (length 1, truncated, other eos/pad ids)
+# test_seq_response_mask: EOS counted and padding masked on fresh responses (length 1, truncated, tokens after the first EOS that are not PAD, one 1-D response, other eos/pad ids)
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_response_mask")
 ### END HIDDEN TESTS
@@ -141,7 +141,7 @@ print("same, EOS left out of the mask          :", float(masked_nll(uniform_logp
 print("log pi(y) per response (nats)           :", np.asarray(sequence_logprob(uniform_logp, known_mask)))
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_masked_nll", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_masked_nll: the SFT loss is the mean NLL over real tokens (value and gradient) on fresh demonstrations
+# test_seq_masked_nll: the SFT loss is the mean NLL over real tokens (value and gradient) on fresh demonstrations, float64 inputs and one of a single token
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_masked_nll")
 ### END HIDDEN TESTS
@@ -149,7 +149,7 @@ assert abs(float(masked_nll(uniform_logp, known_mask)) - np.log(6.0)) < 1e-5, (
     "a uniform policy over 6 actions costs log 6 = 1.7918 nats per real token (padding must not count)")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_sequence_logprob", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# test_seq_sequence_logprob: log pi(y) is the masked sum of token log-probs on fresh responses
+# test_seq_sequence_logprob: log pi(y) is the masked sum of token log-probs on fresh responses, float64 inputs and a batch of one
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_sequence_logprob")
 ### END HIDDEN TESTS
@@ -194,7 +194,7 @@ ax.set_title("Bradley-Terry loss of one pair")
 plt.show()
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_preference_loss", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_preference_loss: value and gradient of the Bradley-Terry loss on fresh pairs, including a margin of -120
+# test_seq_preference_loss: value and gradient of the Bradley-Terry loss on fresh pairs, including a margin of -120, a tie and float64 scores
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_preference_loss")
 ### END HIDDEN TESTS

@@ -95,7 +95,7 @@ assert np.allclose(_r0[[0, 1, 2, 3], [1, 0, 5, 3]], score, atol=1e-6), (
     f"with logp = ref_logp the score must appear at columns 1, 0, 5 and 3; got rows {np.round(_r0, 3)}")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_rewards_kl", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_rewards_kl: the KL part is -beta (logp - ref_logp) on real tokens only, on fresh log-probs
+# test_seq_rewards_kl: the KL part is -beta (logp - ref_logp) on real tokens only, on fresh log-probs, junk on padding and batches of one response
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_rewards_kl")
 ### END HIDDEN TESTS
@@ -164,7 +164,7 @@ assert np.allclose(np.asarray(adv_1[:, 0]), np.asarray((rewards * mask).sum(axis
     "with V = 0, gamma = 1 and lambda = 1, A_0 is the sum of the response's rewards (real tokens)")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_gae_edges", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_gae_edges: lambda = 0, lambda = 1 and a response of length 1
+# test_seq_gae_edges: lambda = 0, lambda = 1, gamma = 0, a response of length 1, one truncated response and float64 inputs
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_gae_edges")
 ### END HIDDEN TESTS
@@ -195,7 +195,7 @@ real = np.asarray(mask) > 0
 print("mean and std over real tokens:", float(np.asarray(white)[real].mean()), float(np.asarray(white)[real].std()))
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_whiten", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_whiten: mean 0 and std 1 over real tokens only, padding 0, on fresh advantages
+# test_seq_whiten: mean 0 and std 1 over real tokens only, padding 0, on fresh advantages, junk on padding and advantages with no spread
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_whiten")
 ### END HIDDEN TESTS
@@ -255,7 +255,7 @@ ax.set_title("The clipped loss flattens outside the band")
 plt.show()
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_policy_loss", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_policy_loss: value and gradients of the clipped policy loss over real tokens on fresh inputs
+# test_seq_policy_loss: value and gradients of the clipped policy loss over real tokens on fresh inputs, junk on padding, zero advantages and one token
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_policy_loss")
 ### END HIDDEN TESTS
@@ -265,7 +265,7 @@ assert abs(float(policy_loss(old_logp, old_logp, _centred, mask, 0.2))) < 1e-4, 
     "at rho = 1 with advantages of mean 0 over the real tokens the policy loss is 0")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_value_loss", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_value_loss: the clipped value loss over real tokens on fresh values and returns
+# test_seq_value_loss: the clipped value loss over real tokens on fresh values and returns, float64 inputs and one token
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_value_loss")
 ### END HIDDEN TESTS

@@ -92,7 +92,7 @@ for row, r in zip(tokens[:4], first_rewards[:4]):
     print(f"{decode(LANG, row):28s}", np.round(r, 3))
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_batch_rewards", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_batch_rewards: rewards of a fresh batch from two fresh networks: KL against the reference network, EOS kept
+# test_seq_batch_rewards: rewards of a fresh batch from two fresh networks: KL against the reference network, EOS kept, tokens after EOS ignored
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_batch_rewards")
 ### END HIDDEN TESTS
@@ -144,7 +144,7 @@ for n in range(1, 6):
 print("fraction of real tokens outside the band after 1..5 epochs:", np.round(clip_fraction, 3))
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_ppo_epochs", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-# test_seq_ppo_epochs: epochs of gradient steps on a fresh batch with the old log-probs frozen at collection
+# test_seq_ppo_epochs: epochs of gradient steps on a fresh batch with the old log-probs frozen at collection, tokens after EOS ignored, zero advantages
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_ppo_epochs")
 ### END HIDDEN TESTS
@@ -220,7 +220,7 @@ for name in ("k1_in_reward", "k1_in_loss", "k2_in_loss", "k3_in_loss"):
     print(f"{name:14s} {np.abs(g - np.asarray(grads['kl'])).max():24.2e} {np.abs(g - np.asarray(grads['reverse_kl'])).max():26.2e}")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_kl_estimators", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_kl_estimators: k1, k2, k3 on fresh log-probs, and E_pi[k1] = E_pi[k3] = the exact KL on a fresh token
+# test_seq_kl_estimators: k1, k2, k3 on fresh log-probs (also equal, far apart and [3, 4]-shaped), and E_pi[k1] = E_pi[k3] = the exact KL on a fresh token
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_kl_estimators")
 ### END HIDDEN TESTS
@@ -276,7 +276,7 @@ plt.show()
 print(f"gold peaks at d = {np.sqrt(opt_kl)[np.argmax(opt_gold)]:.2f}; the fit puts the peak at d = {alpha / (2 * b):.2f}")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_overopt_fit", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_overopt_fit: least-squares (alpha, b) of gain = alpha d - b d^2 in d = sqrt(KL) on fresh noisy curves
+# test_seq_overopt_fit: least-squares (alpha, b) of gain = alpha d - b d^2 in d = sqrt(KL) on fresh noisy curves and an exact one
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_overopt_fit")
 ### END HIDDEN TESTS
@@ -343,7 +343,7 @@ for r in bon:
     print(f"n = {r['n']:2d}: exact KL {r['kl']:.3f} nats, formula log n - (n-1)/n = {r['kl_formula']:.3f}")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_group_advantages", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_group_advantages: GRPO advantages normalised within each group on fresh scores (a constant group gives 0)
+# test_seq_group_advantages: GRPO advantages normalised within each group on fresh scores (a constant group gives 0; near-constant groups, groups of one)
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_group_advantages")
 ### END HIDDEN TESTS
@@ -352,7 +352,7 @@ assert np.allclose(_ga.mean(axis=1), 0.0, atol=1e-5) and np.allclose(_ga[1], 0.0
     "each group's advantages have mean 0, and a group of equal scores gets 0")
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_dpo_loss", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# test_seq_dpo_loss: value and gradient of the DPO loss on fresh sequence log-probs
+# test_seq_dpo_loss: value and gradient of the DPO loss on fresh sequence log-probs, a tie and a pair at beta * margin = -120
 ### BEGIN HIDDEN TESTS
 grading.judge("test_seq_dpo_loss")
 ### END HIDDEN TESTS

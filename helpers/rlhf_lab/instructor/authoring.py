@@ -69,6 +69,9 @@ RULES = {
     "cell-kind": "every cell is one of the course's kinds: locked text, locked given code, an answer "
                  "(solution region), a locked test, a written answer (graded markdown with a rubric) or a "
                  "free Predict cell",
+    "answer-read": "every answer cell is read by the hidden check of a test cell below it (the check's "
+                   "`needs` reach the cell through the names it defines); an answer nothing reads cannot be "
+                   "graded: make it given code or add a check",
 }
 
 
@@ -374,6 +377,38 @@ def lint_notebook(name: str, nb, assignment_totals: tuple[float, float] | None =
         if not _nbg(cell):
             found += _lint_kind(name, cell)
     found += _lint_points(name, nb, assignment_totals)
+    found += _lint_answers_read(name, nb)
+    return found
+
+
+def read_answer_cells(nb) -> set[int]:
+    """Indices of the cells the hidden checks of ``nb``'s test cells read.
+
+    A test cell's check (``rlhf_lab.judging.CHECKS[grade_id]``) asks for the functions and values in
+    its ``needs``; the cells that provide them are those the trusted runtime would run for them
+    (:func:`~rlhf_lab.instructor.trusted_runtime.needed_cells`: the cells above the test cell that
+    bind a needed name, and, transitively, the names those cells read).
+    """
+    from rlhf_lab.judging import CHECKS
+
+    from .trusted_runtime import needed_cells
+
+    read: set[int] = set()
+    for index, cell in enumerate(nb.cells):
+        check = CHECKS.get(_nbg(cell).get("grade_id")) if is_test_cell(cell) else None
+        for needed in (check.needs if check else ()):
+            read.update(needed_cells(nb.cells, index, needed))
+    return read
+
+
+def _lint_answers_read(name: str, nb) -> list[Finding]:
+    read = read_answer_cells(nb)
+    found = []
+    for index, cell in enumerate(nb.cells):
+        m = _nbg(cell)
+        if cell.cell_type == "code" and m.get("solution") and not m.get("grade") and index not in read:
+            found.append(Finding(name, cell.get("id", "?"), "answer-read",
+                                 f"no hidden check below reads the answer cell {m.get('grade_id')!r}"))
     return found
 
 

@@ -6,6 +6,13 @@ answer with :mod:`rlhf_lab.sequences`, and names the classic mistake the answer 
 on a padding position, EOS masked as if it were padding, the KL penalty with the wrong sign or
 against the old policy, advantages whitened over padding, the value loss over padding, old
 log-probs recomputed during the epochs.
+
+The course's sampler only makes well-formed batches (PAD right after EOS, log-probs 0 on padding,
+mixed scores), so an answer that relies on that would pass on its draws alone. Every check also
+runs the inputs its task statement covers that the sampler never makes (:func:`junk_after_eos`,
+junk on padding, one-response and one-token batches, constant and near-constant groups,
+zero-variance and zero advantages, NumPy float64 inputs), and names the mistake where it is a
+classic one.
 """
 from __future__ import annotations
 
@@ -48,6 +55,35 @@ def _mmean(x, mask):
     return float(np.sum(x * mask) / max(np.sum(mask), 1.0))
 
 
+def junk_after_eos(rng, tokens, mask):
+    """``tokens`` with content tokens and further EOS (never PAD) after the first EOS of each response.
+
+    A generator that keeps sampling after EOS writes such tokens; the response still ends at its
+    first EOS, so the true mask is ``mask`` unchanged. Row 0 (EOS alone) always gets a content token
+    right after its EOS, so every batch has at least one.
+    """
+    out = tokens.copy()
+    after = (mask == 0)
+    out[after] = rng.integers(0, N_TOKENS + 1, size=int(after.sum()))  # 0..4 content, 5 = EOS
+    if after[0, 1]:
+        out[0, 1] = int(rng.integers(0, N_TOKENS))
+    return out
+
+
+def one_token_batch(rng):
+    """``(tokens [1, T], mask [1, T])``: a single response that is EOS alone (one real token)."""
+    tokens = np.full((1, T), PAD, np.int32)
+    tokens[0, 0] = EOS
+    mask = np.zeros((1, T), np.float32)
+    mask[0, 0] = 1.0
+    return tokens, mask
+
+
+def f64(x):
+    """``x`` as a NumPy float64 array (passed as NumPy, not as a JAX array: the student's code sees float64)."""
+    return np.asarray(x, np.float64)
+
+
 # ------------------------------------------------------------------------------------------------
 # 01: masks, the SFT loss, the sequence log-likelihood, the preference loss
 
@@ -74,6 +110,22 @@ def seq_response_mask(student, rng, ref):
     shifted = np.where(tokens == EOS, 9, np.where(tokens == PAD, 8, tokens)).astype(np.int32)
     close(student.call("response_mask", Jax(shifted), 9, 8), want, "response_mask with eos=9, pad=8",
           rtol=0.0, atol=1e-6, hint="use the eos and pad arguments, not fixed ids")
+    # tokens after the first EOS that are not PAD: the response still ends at its first EOS
+    junk = junk_after_eos(rng, tokens, mask)
+    got = student.call("response_mask", Jax(junk), EOS, PAD)
+    diagnose(got, want, lambda: {
+        "tokens after the first EOS counted (a mask built as tokens != pad): the response ends at its "
+        "first EOS, whatever follows it; the mask is 0 after it even where the token is not PAD":
+            (junk != PAD).astype(np.float32),
+        "EOS itself is masked: the mask is 1 up to AND including the first EOS":
+            ((junk != EOS) & (junk != PAD)).astype(np.float32),
+    }, "response_mask", atol=1e-6)
+    close(got, want, "response_mask on responses followed by content tokens and a second EOS after their "
+          "first EOS (not PAD)", rtol=0.0, atol=1e-6, hint="no EOS may occur before position t")
+    # one response as a 1-D array, as NumPy int64: the shape is [..., T]
+    close(student.call("response_mask", junk[2].astype(np.int64), EOS, PAD), want[2],
+          "response_mask of a single response (a 1-D NumPy int64 array of shape (T,))", rtol=0.0, atol=1e-6,
+          hint="work along the last axis (axis=-1) and return the shape of `tokens`")
 
 
 @register("test_seq_masked_nll", task="masked_nll", needs=("masked_nll",), forbid=ALL, assignment=A, notebook=NB1)
@@ -98,6 +150,14 @@ def seq_masked_nll(student, rng, ref):
     grad = student.grad("masked_nll", 0, Jax(logp), Jax(mask))
     close(grad, np.asarray(jax.grad(sq.masked_nll)(logp, mask)), "gradient of masked_nll w.r.t. token_logp",
           rtol=1e-4, atol=1e-6, hint="padding positions must get zero gradient; use jax.numpy operations")
+    close(student.call("masked_nll", f64(logp), f64(mask)), want, "masked_nll on the same inputs as NumPy float64",
+          rtol=1e-4, atol=1e-5)
+    # one demonstration of one real token, large junk on its padding
+    _, one = one_token_batch(rng)
+    lp1 = np.where(one > 0, -float(rng.uniform(0.1, 3.0)), rng.choice([-1e4, 1e4], size=one.shape)).astype(np.float32)
+    close(student.call("masked_nll", Jax(lp1), Jax(one)), -float(lp1[0, 0]),
+          "masked_nll of one demonstration with one real token (junk of +-1e4 on its padding)", rtol=1e-4,
+          atol=1e-5, hint="padding must not count, whatever numbers sit there")
 
 
 @register("test_seq_sequence_logprob", task="sequence_logprob", needs=("sequence_logprob",), forbid=ALL,
@@ -115,6 +175,11 @@ def seq_sequence_logprob(student, rng, ref):
         "averaged instead of summed: log pi(y) is the SUM of the token log-probs": want / mask.sum(axis=1),
     }, "sequence_logprob")
     close(got, want, "sequence_logprob on fresh responses", rtol=1e-4, atol=1e-5)
+    close(student.call("sequence_logprob", f64(logp), f64(mask)), want,
+          "sequence_logprob on the same inputs as NumPy float64", rtol=1e-4, atol=1e-5)
+    close(student.call("sequence_logprob", Jax(logp[2:3]), Jax(mask[2:3])), want[2:3],
+          "sequence_logprob of a batch of one response (shape (1,))", rtol=1e-4, atol=1e-5,
+          hint="sum over the last axis only; keep the batch axis")
 
 
 @register("test_seq_preference_loss", task="preference_loss", needs=("preference_loss",), forbid=ALL,
@@ -142,6 +207,12 @@ def seq_preference_loss(student, rng, ref):
     close(student.grad("preference_loss", 0, Jax(chosen), Jax(rejected)),
           np.asarray(jax.grad(sq.preference_loss)(chosen, rejected)), "gradient w.r.t. chosen_score",
           rtol=1e-4, atol=1e-6)
+    tie = np.full(1, float(rng.normal()), np.float32)
+    close(student.call("preference_loss", Jax(tie), Jax(tie)), float(np.log(2.0)),
+          "preference_loss of one pair with equal scores (margin 0: log 2)", rtol=1e-5, atol=1e-6)
+    close(student.call("preference_loss", f64(chosen[1:]), f64(rejected[1:])),
+          float(np.mean(np.logaddexp(0.0, -margin[1:]))), "preference_loss on NumPy float64 scores",
+          rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -207,6 +278,20 @@ def seq_rewards_kl(student, rng, ref):
     want = np.asarray(sq.per_token_rewards(logp, ref_logp, score, mask, beta))
     diagnose(got, want, lambda: _reward_mistakes(logp, ref_logp, score, mask, lengths, beta), "per_token_rewards")
     close(got, want, "per-token rewards on fresh log-probs", rtol=1e-4, atol=1e-5)
+    # junk log-probs on padding: the penalty must be masked, not rely on zeros there
+    logp_j, ref_j = _garbage(rng, mask, logp), _garbage(rng, mask, ref_logp)
+    got = student.call("per_token_rewards", Jax(logp_j), Jax(ref_j), Jax(score), Jax(mask), beta)
+    diagnose(got, want, lambda: _reward_mistakes(logp_j, ref_j, score, mask, lengths, beta), "per_token_rewards")
+    close(got, want, "per-token rewards with junk log-probs on padding (padding must get reward 0)", rtol=1e-4,
+          atol=1e-5, hint="multiply the KL penalty by the mask")
+    close(student.call("per_token_rewards", f64(logp_j), f64(ref_j), f64(score), f64(mask), beta), want,
+          "per-token rewards on NumPy float64 inputs", rtol=1e-4, atol=1e-5)
+    # batches of one response: EOS alone, and a truncated one
+    for row, what in ((0, "EOS alone"), (1, "truncated, no EOS")):
+        one = slice(row, row + 1)
+        close(student.call("per_token_rewards", Jax(logp_j[one]), Jax(ref_j[one]), Jax(score[one]), Jax(mask[one]),
+                           beta), want[one], f"per-token rewards of a batch of one response ({what})", rtol=1e-4,
+              atol=1e-5, hint="the score sits on index sum(mask) - 1 of each response")
 
 
 def _gae_inputs(rng, batch=8):
@@ -271,6 +356,10 @@ def seq_gae_edges(student, rng, ref):
     want[0, 0] = rewards[0, 0] - values[0, 0]
     close(got[0], want, "advantages of a response of length 1 (EOS only): r_0 - V_0, then zeros", rtol=1e-4,
           atol=1e-5, hint="nothing follows the last real token: no bootstrap from padding")
+    _gae_check(student, rewards[1:2], values[1:2], mask[1:2], 1.0, 1.0,
+               "one truncated response, lambda = gamma = 1: A_t = sum_{u>=t} r_u - V_t, no bootstrap after T")
+    _gae_check(student, rewards, values, mask, 0.0, 0.9, "gamma = 0: A_t = r_t - V_t")
+    _gae_check(student, f64(rewards), f64(values), f64(mask), 0.9, 0.8, "NumPy float64 inputs, gamma 0.9, lambda 0.8")
 
 
 @register("test_seq_whiten", task="whiten", needs=("whiten",), forbid=ALL, assignment=A, notebook=NB2)
@@ -298,6 +387,27 @@ def seq_whiten(student, rng, ref):
 
     diagnose(got, want, wrong, "whiten", atol=1e-4)
     close(got, want, "whitened advantages", rtol=1e-3, atol=1e-4)
+    # junk on padding: it must enter neither the mean nor the spread, and padding comes back 0
+    adv_j = _garbage(rng, mask, adv)
+    got = student.call("whiten", Jax(adv_j), Jax(mask))
+    diagnose(got, want, lambda: {
+        "padding entered the mean or the variance (they are only right when padding holds zeros): take "
+        "sum(A m) / sum(m), not sum(A) / sum(m)": (adv_j - np.sum(adv_j) / mask.sum())
+        / np.sqrt(np.sum((adv_j - np.sum(adv_j) / mask.sum()) ** 2 * mask) / mask.sum() + 1e-8) * mask,
+    }, "whiten", atol=1e-4)
+    close(got, want, "whitened advantages with junk on padding", rtol=1e-3, atol=1e-4,
+          hint="mask the advantages before summing them")
+    close(student.call("whiten", f64(adv_j), f64(mask)), want, "whitened advantages from NumPy float64 inputs",
+          rtol=1e-3, atol=1e-4)
+    # zero variance: every real advantage equal (a power of two, so its mean is exact in any order)
+    flat = np.where(mask > 0, float(rng.choice([-1.0, 1.0])) * 2.0 ** int(rng.integers(-2, 3)), 0.0)
+    close(student.call("whiten", Jax(flat.astype(np.float32)), Jax(mask)), np.zeros_like(mask),
+          "whitened advantages that are all equal (variance 0): every entry 0", rtol=0.0, atol=1e-6,
+          hint="keep the 1e-8 under the square root: without it 0 / 0 is NaN")
+    _, one = one_token_batch(rng)
+    close(student.call("whiten", Jax(np.where(one > 0, adv[:1], 0.0).astype(np.float32)), Jax(one)),
+          np.zeros_like(one), "whitened advantages of one real token (variance 0): 0", rtol=0.0, atol=1e-6,
+          hint="keep the 1e-8 under the square root")
 
 
 def _loss_inputs(rng, batch=8):
@@ -340,6 +450,22 @@ def seq_policy_loss(student, rng, ref):
           rtol=1e-4, atol=1e-6)
     close(g[1], np.zeros_like(old), "gradient w.r.t. old_logp", rtol=0.0, atol=0.0,
           hint="old_logp belongs to the behaviour policy: wrap it in stop_gradient")
+    # junk old log-probs on padding too, as NumPy float64
+    old_j = _garbage(rng, mask, old)
+    close(student.call("policy_loss", f64(logp), f64(old_j), f64(adv), f64(mask), eps), want,
+          "policy_loss with junk old log-probs on padding, NumPy float64 inputs", rtol=1e-4, atol=1e-5,
+          hint="padding must not count, whatever numbers sit there")
+    # every advantage 0 (a batch whose scores carry no signal): loss 0 and no gradient
+    zero = np.zeros_like(adv)
+    close(student.call("policy_loss", Jax(logp), Jax(old), Jax(zero), Jax(mask), eps), 0.0,
+          "policy_loss with every advantage 0: the loss is 0", rtol=0.0, atol=1e-6,
+          hint="use the advantages as given (they are whitened before the loss, not inside it)")
+    # one response of one real token
+    _, one = one_token_batch(rng)
+    lp1, old1, adv1 = (np.where(one > 0, x[:1], 0.0).astype(np.float32) for x in (logp, old, adv))
+    close(student.call("policy_loss", Jax(lp1), Jax(old1), Jax(adv1), Jax(one), eps),
+          float(sq.policy_loss(lp1, old1, adv1, one, eps)), "policy_loss of one response of one real token",
+          rtol=1e-4, atol=1e-5)
 
 
 @register("test_seq_value_loss", task="value_loss", needs=("value_loss",), forbid=ALL, assignment=A, notebook=NB2)
@@ -369,6 +495,13 @@ def seq_value_loss(student, rng, ref):
 
     diagnose(got, want, wrong, "value_loss")
     close(got, want, f"value_loss (value clip {clip:.3f})", rtol=1e-4, atol=1e-5)
+    close(student.call("value_loss", f64(values), f64(old_v), f64(returns), f64(mask), clip), want,
+          "value_loss on NumPy float64 inputs", rtol=1e-4, atol=1e-5)
+    _, one = one_token_batch(rng)
+    args1 = [_garbage(rng, one, np.full((1, T), x[0, 0], np.float32)) for x in (values, old_v, returns)]
+    close(student.call("value_loss", *(Jax(a) for a in args1), Jax(one), clip),
+          float(sq.value_loss(*args1, one, clip)), "value_loss of one response of one real token (junk on padding)",
+          rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -412,15 +545,32 @@ def seq_batch_rewards(student, rng, ref):
         **_reward_mistakes(logp, ref_logp, score, mask, lengths, beta),
     }, "batch_rewards")
     close(got, want, "batch_rewards on a fresh batch", rtol=1e-4, atol=1e-5)
+    # a generator that keeps sampling after EOS: the tokens after the first EOS are not PAD
+    junk = junk_after_eos(rng, tokens, mask)
+    got = student.call("batch_rewards", policy, reference, Jax(prompts), Jax(junk), Jax(score), beta)
+    feats_j = sq.context_features(lang, prompts, junk)
+    logp_j = np.asarray(sq.token_logp(policy, feats_j, junk)) * mask
+    ref_j = np.asarray(sq.token_logp(reference, feats_j, junk)) * mask
+    want_j = np.asarray(sq.per_token_rewards(logp_j, ref_j, score, mask, beta))
+    not_pad = (junk != PAD).astype(np.float32)
+    diagnose(got, want_j, lambda: {
+        "the mask counts the tokens after the first EOS (tokens != PAD): build it with "
+        "response_mask(tokens, EOS, PAD), which ends each response at its first EOS":
+            np.asarray(sq.per_token_rewards(np.asarray(sq.token_logp(policy, feats_j, junk)) * not_pad,
+                                            np.asarray(sq.token_logp(reference, feats_j, junk)) * not_pad,
+                                            score, not_pad, beta)),
+    }, "batch_rewards")
+    close(got, want_j, "batch_rewards on a batch with content tokens and EOS after each response's first EOS",
+          rtol=1e-4, atol=1e-5, hint="a response ends at its first EOS: use response_mask(tokens, EOS, PAD)")
 
 
 #: The trusted reference for ppo_epochs (and the classic mistake, for the message).
-def _epochs(params, prompts, tokens, old_logp, advantages, epsilon, lr, epochs, recompute=False):
+def _epochs(params, prompts, tokens, old_logp, advantages, epsilon, lr, epochs, recompute=False, mask=None):
     import jax
     from rlhf_lab import sequences as sq
 
     lang = sq.DEFAULT_LANGUAGE
-    mask = sq.response_mask(tokens, EOS, PAD)
+    mask = sq.response_mask(tokens, EOS, PAD) if mask is None else mask
     feats = sq.context_features(lang, prompts, tokens)
     params = {k: jax.numpy.asarray(v) for k, v in params.items()}
     for _ in range(epochs):
@@ -462,6 +612,29 @@ def seq_ppo_epochs(student, rng, ref):
             "no update: the parameters came back unchanged": params[k],
         }, "ppo_epochs")
         close(got[k], want[k], f"parameter {k!r} after {epochs} epochs", rtol=1e-3, atol=1e-4)
+    # three responses followed by non-PAD tokens after their first EOS, two epochs
+    junk = junk_after_eos(rng, tokens[:3], mask[:3])
+    old_j = np.asarray(sq.token_logp(params, sq.context_features(lang, prompts[:3], junk), junk)) * mask[:3]
+    got = student.call("ppo_epochs", params, Jax(prompts[:3]), Jax(junk), Jax(old_j), Jax(adv[:3]), eps, lr, 2)
+    check(isinstance(got, dict) and sorted(got) == sorted(params),
+          f"ppo_epochs must return the parameter dict with keys {sorted(params)}")
+    want = _epochs(params, prompts[:3], junk, old_j, adv[:3], eps, lr, 2)
+    for k in sorted(params):
+        diagnose(got[k], want[k], lambda k=k: {
+            "the mask counts the tokens after the first EOS (tokens != PAD): a response ends at its first "
+            "EOS; build the mask with response_mask(tokens, EOS, PAD)":
+                _epochs(params, prompts[:3], junk, old_j, adv[:3], eps, lr, 2,
+                        mask=(junk != PAD).astype(np.float32))[k],
+        }, "ppo_epochs")
+        close(got[k], want[k], f"parameter {k!r} after 2 epochs on responses with tokens after their EOS",
+              rtol=1e-3, atol=1e-4, hint="a response ends at its first EOS: use response_mask(tokens, EOS, PAD)")
+    # every advantage 0: nothing to learn, the parameters come back unchanged
+    got = student.call("ppo_epochs", params, Jax(prompts), Jax(tokens), Jax(old), Jax(np.zeros_like(adv)), eps, lr, 2)
+    check(isinstance(got, dict) and sorted(got) == sorted(params),
+          f"ppo_epochs must return the parameter dict with keys {sorted(params)}")
+    for k in sorted(params):
+        close(got[k], params[k], f"parameter {k!r} after 2 epochs with every advantage 0 (must be unchanged)",
+              rtol=1e-5, atol=1e-6, hint="use the advantages as given (no normalisation inside the epochs)")
 
 
 @register("test_seq_kl_estimators", task="kl_estimators", needs=("kl_estimators",),
@@ -494,6 +667,18 @@ def seq_kl_estimators(student, rng, ref):
     for name in ("k1", "k3"):
         close(float(np.sum(p * np.asarray(field(parts, name, "kl_estimators"), np.float64))), exp["kl"],
               f"E_pi[{name}] over all 6 actions (must equal the exact KL(pi || pi_ref))", rtol=1e-4, atol=1e-5)
+    # identical log-probs: every estimator is 0; far from the reference; [B, T] arrays; NumPy float64
+    same = student.call("kl_estimators", Jax(logp), Jax(logp))
+    for name in ("k1", "k2", "k3"):
+        close(field(same, name, "kl_estimators"), np.zeros_like(logp), f"{name} when pi = pi_ref (must be 0)",
+              rtol=0.0, atol=1e-6)
+    grid = -rng.uniform(0.05, 3.0, size=(3, 4))
+    far = grid + rng.choice([-1.0, 1.0], size=grid.shape) * rng.uniform(3.0, 6.0, size=grid.shape)
+    got = student.call("kl_estimators", f64(grid), f64(far))
+    for name, fn in (("k1", sq.k1), ("k2", sq.k2), ("k3", sq.k3)):
+        close(field(got, name, "kl_estimators"), np.asarray(fn(f64(grid), f64(far)), np.float64),
+              f"{name} on a [3, 4] NumPy float64 array far from the reference (|log-ratio| 3 to 6 nats)",
+              rtol=1e-4, atol=1e-5, hint="elementwise: the result has the shape of logp")
 
 
 @register("test_seq_overopt_fit", task="fit_overoptimisation", needs=("fit_overoptimisation",), forbid=(),
@@ -513,9 +698,17 @@ def seq_overopt_fit(student, rng, ref):
             np.linalg.lstsq(np.stack([kl, -kl**2], axis=1), gain, rcond=None)[0],
         "b has the wrong sign: return (alpha, b) for gain = alpha d - b d^2":
             want * np.array([1.0, -1.0]),
+        "an intercept was fitted (np.polyfit(d, gain, 2) fits c + alpha d - b d^2): the model has no "
+        "intercept, the gain is 0 at the reference":
+            np.linalg.lstsq(np.stack([d, -d**2, np.ones_like(d)], axis=1), gain, rcond=None)[0][:2],
     }, "fit_overoptimisation", atol=1e-4)
     close(got, want, "(alpha, b) of the least-squares fit", rtol=1e-3, atol=1e-4,
           hint="least squares without an intercept: the gain is 0 at the reference (d = 0)")
+    # three exact points of the curve, one at the reference (KL 0): the fit recovers (alpha, b) exactly
+    kl2 = np.array([0.0, float(rng.uniform(1.0, 4.0)), float(rng.uniform(5.0, 9.0))])
+    exact = alpha * np.sqrt(kl2) - b * kl2
+    close(student.call("fit_overoptimisation", kl2, exact), np.array([alpha, b]),
+          "(alpha, b) fitted to three exact points of a curve, one at the reference (KL 0)", rtol=1e-4, atol=1e-5)
 
 
 def group_advantages64(scores) -> np.ndarray:
@@ -567,6 +760,25 @@ def seq_group_advantages(student, rng, ref):
           hint="a group whose scores are all equal has std 0 and every score equals the mean: "
                "(s - mean) / (std + 1e-6) is 0 there (keep the + 1e-6, 0 / 0 is NaN)")
     close(got_rows[1:], want[1:], "group advantages of the other rows", rtol=1e-3, atol=1e-4)
+    # near-constant groups (population std exactly 1% of the level: real signal, 100x above the
+    # constant-group rule), groups of one response, one group, NumPy float64
+    level = float(rng.uniform(1.0, 4.0)) * float(rng.choice([-1.0, 1.0]))
+    z = rng.normal(size=(2, k))
+    z = (z - z.mean(axis=1, keepdims=True)) / z.std(axis=1, keepdims=True)
+    near = (level + abs(level) * 1e-2 * z).astype(np.float32)
+    got = student.call("group_advantages", Jax(near))
+    want = group_advantages64(near)
+    near64 = near.astype(np.float64)
+    diagnose(got, want, lambda: {
+        "the 1e-6 went under the square root: A = (s - mean) / (std + 1e-6), the std of the group itself":
+            (near64 - near64.mean(axis=1, keepdims=True)) / np.sqrt(near64.var(axis=1, keepdims=True) + 1e-6),
+    }, "group_advantages", atol=1e-4)
+    close(got, want, "group advantages of two near-constant groups (scores differ by about 1%: the advantages "
+          "are still about +-1)", rtol=1e-3, atol=1e-4, hint="(s - mean) / (std + 1e-6) with the population std")
+    close(student.call("group_advantages", Jax(scores[:, :1])), np.zeros((g, 1)),
+          "group advantages of groups of one response each (each is its own mean: 0)", rtol=0.0, atol=1e-6)
+    close(student.call("group_advantages", f64(scores[1:2])), group_advantages64(scores[1:2]),
+          "group advantages of one group given as NumPy float64", rtol=1e-3, atol=1e-4)
 
 
 @register("test_seq_dpo_loss", task="dpo_loss", needs=("dpo_loss",), forbid=ALL, assignment=A, notebook=NB3)
@@ -588,5 +800,15 @@ def seq_dpo_loss(student, rng, ref):
         "the margin has the wrong sign": float(np.mean(np.logaddexp(0.0, beta * ((c - rc) - (r - rr))))),
     }, "dpo_loss")
     close(got, want, "dpo_loss on fresh pairs", rtol=1e-4, atol=1e-5)
+    # one pair at margin 0 (log 2), and a pair so badly ranked that -log(sigmoid) overflows in float32
+    tie = [a[:1] for a in args]
+    tie[1], tie[3] = tie[0] + 0.5, tie[2] + 0.5
+    close(student.call("dpo_loss", *(Jax(a) for a in tie), beta), float(np.log(2.0)),
+          "dpo_loss of one pair whose margin is 0 (log 2)", rtol=1e-5, atol=1e-6)
+    bad = [a[:2].copy() for a in args]
+    bad[0][0] = bad[2][0] + bad[1][0] - bad[3][0] - 120.0 / beta  # beta * margin = -120
+    close(student.call("dpo_loss", *(Jax(a) for a in bad), beta), float(sq.dpo_loss(*bad, beta)),
+          "dpo_loss with one pair at beta * margin = -120", rtol=1e-4, atol=1e-4,
+          hint="softplus(-beta * margin) stays finite where -log(sigmoid(beta * margin)) overflows")
     close(student.grad("dpo_loss", 0, *(Jax(a) for a in args), beta),
           np.asarray(jax.grad(sq.dpo_loss)(*args, beta)), "gradient w.r.t. logp_chosen", rtol=1e-4, atol=1e-6)
