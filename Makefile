@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 RUN := PATH="$(VENV)/bin:$$PATH" JAX_PLATFORMS=cpu
 
 backup: venv
-	$(RUN) $(PY) -m rlhf_lab.instructor.backup
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.backup
 
 .PHONY: backup venv demo test test-fast test-browser bench release examples generated check-generated environment.yml lesson lab lint pairs normalise
 
@@ -91,18 +91,18 @@ LAB_PORT ?= 8888
 
 ## make exchange: create the exchange (<course>/exchange or $RLHF_EXCHANGE) with the permissions nbgrader expects
 exchange: venv
-	$(RUN) $(PY) -m rlhf_lab.instructor.exchange init
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.exchange init
 
 ## make roster: check roster.csv (or examples/roster.csv, or $RLHF_ROSTER) and import it with nbgrader db student import
 roster: venv
-	$(RUN) $(PY) -m rlhf_lab.instructor.roster
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.roster
 
 ## make guides: rewrite the grader's guides guides/<assignment>.md from source/
 guides: venv
-	$(RUN) $(PY) -m rlhf_lab.instructor.guide
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.guide
 
 check-guides: venv
-	$(RUN) $(PY) -m rlhf_lab.instructor.guide --check
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.guide --check
 
 ## make student-lab: JupyterLab for a student (Assignment List, Course List, Validate; no instructor tools),
 ## working in $(STUDENT_HOME); the instructor's own Jupyter set-up is not touched

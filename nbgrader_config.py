@@ -10,7 +10,7 @@ What this file makes robust, and why:
 * **stderr never costs points.** nbgrader gives a test cell zero points as soon as it wrote
   anything to stderr (``nbgrader.utils.determine_grade``). A correct answer can trigger a harmless
   ``UserWarning`` from JAX or matplotlib, so the autograde pipeline gets one extra step right after
-  execution, :class:`rlhf_lab.instructor.preprocessors.StderrToStdout`, which relabels every stderr
+  execution, :class:`rlhf_lab.instructor.grader.preprocessors.StderrToStdout`, which relabels every stderr
   stream as stdout (each line prefixed ``[stderr]`` so the feedback still shows it). Exceptions,
   failed asserts, timeouts and dead kernels are ``error`` outputs, never stderr, so a failing test
   still scores zero. The kernel environment below also removes the usual sources of noise.
@@ -76,9 +76,9 @@ from nbgrader.preprocessors import (  # noqa: E402
 
 
 def _course_preprocessors():
-    """Load ``rlhf_lab/instructor/preprocessors.py`` by its file path.
+    """Load ``rlhf_lab/instructor/grader/preprocessors.py`` by its file path.
 
-    ``import rlhf_lab.instructor.preprocessors`` would first run the helper library's package
+    ``import rlhf_lab.instructor.grader.preprocessors`` would first run the helper library's package
     ``__init__``, which imports JAX: about a second of start-up in every nbgrader process, that is,
     per autograded student. The module itself needs only nbgrader and traitlets.
     """
@@ -87,7 +87,7 @@ def _course_preprocessors():
     spec = importlib.util.find_spec("rlhf_lab")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("the course's helper library rlhf_lab is not installed in this environment")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "instructor", "preprocessors.py")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "instructor", "grader", "preprocessors.py")
     name = "rlhf_lab_course_preprocessors"
     if name not in sys.modules:
         module_spec = importlib.util.spec_from_file_location(name, path)
@@ -114,7 +114,7 @@ c.Autograde.autograde_preprocessors = [
 c.StderrToStdout.prefix = "[stderr] "
 
 # --- trust: kernel limits, a kernel death never costs the rest, feedback without hidden tests -----
-# (docs/security.md and rlhf_lab/instructor/{kernel_guard,feedback_filter}.py)
+# (docs/security.md and rlhf_lab/instructor/grader/{kernel_guard,feedback_filter}.py)
 # * Execute is replaced by rlhf_lab's drop-in subclass of the same name (every c.Execute.* setting
 #   above still applies): kernels start under RLIMIT_AS = $RLHF_KERNEL_MEMORY_MB MiB (default 4096)
 #   and RLIMIT_FSIZE = $RLHF_KERNEL_FILE_MB MiB (default 1024), in the sandbox (sandbox.py), and a
@@ -130,7 +130,7 @@ def _course_module(filename, name):
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("the course's helper library rlhf_lab is not installed in this environment")
     if name not in sys.modules:
-        path = os.path.join(list(spec.submodule_search_locations)[0], "instructor", filename)
+        path = os.path.join(list(spec.submodule_search_locations)[0], "instructor", *filename.split("/"))
         module_spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
@@ -138,26 +138,26 @@ def _course_module(filename, name):
     return sys.modules[name]
 
 
-_kernel_guard = _course_module("kernel_guard.py", "rlhf_lab_course_kernel_guard")
+_kernel_guard = _course_module("grader/kernel_guard.py", "rlhf_lab_course_kernel_guard")
 # Every grading kernel runs in a bubblewrap sandbox (docs/sandbox.md): own PID namespace, no network,
 # only its notebook folder writable, the notebook's library build read-only. Without bwrap grading
 # refuses; RLHF_NO_SANDBOX=1 grades unprotected, with a warning.
-_sandbox = _course_module("sandbox.py", "rlhf_lab_course_sandbox")
+_sandbox = _course_module("grader/sandbox.py", "rlhf_lab_course_sandbox")
 # (autograding only: the judged Execute below passes this manager explicitly; `nbgrader validate` of a
 # student's own notebook, or of the instructor's source, runs unsandboxed as nbgrader always did)
 c.SandboxedKernelManager.course_root = _root
 # Each kernel gets a private, verified copy of its assignment's trusted JAX compilation cache (built
-# from the source notebooks by `python -m rlhf_lab.instructor.compile_cache`, which the pipeline runs
-# before autograding); RLHF_COMPILE_CACHE=0 switches it off. See rlhf_lab/instructor/compile_cache.py.
+# from the source notebooks by `python -m rlhf_lab.instructor.grader.compile_cache`, which the pipeline runs
+# before autograding); RLHF_COMPILE_CACHE=0 switches it off. See rlhf_lab/instructor/grader/compile_cache.py.
 if os.environ.get("RLHF_COMPILE_CACHE", "1") != "0":
     c.LimitedKernelManager.compile_cache_root = _root
-# Hidden tests are decided by the judge, in this process (rlhf_lab/instructor/judge.py): a test cell
+# Hidden tests are decided by the judge, in this process (rlhf_lab/instructor/grader/judge.py): a test cell
 # whose hidden region is grading.judge("<grade_id>") is not run in the kernel; the check registered
 # under that grade id draws fresh inputs here, asks the kernel for the outputs of the student's
 # functions (plain data only), computes the expected values with this process's library and sets
 # the cell's outputs to the verdict. Every way of autograding (nbgrader autograde, Formgrader's
 # button, the course's commands, Dask) reads this file, so every one of them grades this way.
-_judge = _course_module("judge.py", "rlhf_lab_course_judge")
+_judge = _course_module("grader/judge.py", "rlhf_lab_course_judge")
 
 
 def _sandboxed_init(self, *args, **kwargs):
@@ -170,20 +170,20 @@ _JudgedExecute = type("Execute", (_judge.JudgeCells, _kernel_guard.Execute),
 c.Autograde.autograde_preprocessors = [
     _JudgedExecute if p is Execute else p for p in c.Autograde.autograde_preprocessors
 ]
-# Student HTML never runs in a grader's browser (rlhf_lab/instructor/html_safety.py): the LAST step
+# Student HTML never runs in a grader's browser (rlhf_lab/instructor/grader/html_safety.py): the LAST step
 # sanitises the notebook nbgrader writes to autograded/ (Formgrader and JupyterLab read it). Last,
 # after SaveAutoGrades: grades are decided on the notebook as it ran (a markdown answer's checksum,
 # a test's outputs), and the sanitiser changes no output type, stream, error or cell metadata.
-_html_safety = _course_module("html_safety.py", "rlhf_lab_course_html_safety")
+_html_safety = _course_module("grader/html_safety.py", "rlhf_lab_course_html_safety")
 c.Autograde.autograde_preprocessors = list(c.Autograde.autograde_preprocessors) + [_html_safety.SanitizeNotebook]
-# The integrity pre-flight of the submitted files (rlhf_lab/instructor/integrity.py) and its withheld
+# The integrity pre-flight of the submitted files (rlhf_lab/instructor/grader/integrity.py) and its withheld
 # points run inside every autograde, through nbgrader's convert hooks: before a submission is
 # converted, the pre-flight checks its folder, quarantines what must not run and removes it from the
 # list nbgrader grades; after nbgrader saved the auto scores, the points of blocked cells are
 # withheld (manual score 0, notebook flagged, reason in the comment). `nbgrader autograde`,
 # Formgrader's Autograde button, the course's commands and the Dask workers all read this file, so
-# the same files get the same grade on every path (rlhf_lab/instructor/preflight_hook.py).
-_preflight = _course_module("preflight_hook.py", "rlhf_lab_course_preflight_hook").hooks(_root, _db)
+# the same files get the same grade on every path (rlhf_lab/instructor/grader/preflight_hook.py).
+_preflight = _course_module("grader/preflight_hook.py", "rlhf_lab_course_preflight_hook").hooks(_root, _db)
 c.Autograde.pre_convert_hook = _preflight.pre
 c.Autograde.post_convert_hook = _preflight.post
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
@@ -191,29 +191,29 @@ from nbgrader.preprocessors import GetGrades  # noqa: E402
 
 c.GenerateFeedback.preprocessors = [
     GetGrades,
-    _course_module("feedback_filter.py", "rlhf_lab_course_feedback_filter").HideHiddenTests,
+    _course_module("grader/feedback_filter.py", "rlhf_lab_course_feedback_filter").HideHiddenTests,
     CSSHTMLHeaderPreprocessor,
 ]
 
 # --- distribution: the course-local exchange and LMS downloads (release/fetch/submit/collect) ---
-# (added for running a class; see rlhf_lab/instructor/{exchange,lms}.py and README "Instructors")
+# (added for running a class; see rlhf_lab/instructor/operations/{exchange,lms}.py and README "Instructors")
 # * The exchange is a folder of the course, <root>/exchange, or wherever $RLHF_EXCHANGE points
 #   (one variable: a shared disk on a multi-user machine). It is never nbgrader's system default
 #   (/usr/local/share/nbgrader/exchange), which `nbgrader release_assignment` run as root would
-#   silently create. `python -m rlhf_lab.instructor.exchange init` (make exchange) creates it with
+#   silently create. `python -m rlhf_lab.instructor.operations.exchange init` (make exchange) creates it with
 #   the permissions nbgrader checks (drwxrwxrwx), so nbgrader never has to change them.
 # * `nbgrader zip_collect ASSIGNMENT` reads the LMS download from downloaded/ASSIGNMENT/archive/
 #   and recognises Canvas's and Moodle's file naming (course collector plugin, roster lookup).
 _exchange = os.path.abspath(os.environ.get("RLHF_EXCHANGE") or os.path.join(_root, "exchange"))
 c.Exchange.root = _exchange
 c.Exchange.path_includes_course = False
-_lms = _course_module("lms.py", "rlhf_lab_course_lms")
+_lms = _course_module("operations/lms.py", "rlhf_lab_course_lms")
 c.ZipCollectApp.collector_plugin = _lms.LmsFileNameCollector
 c.ZipCollectApp.extractor_plugin = _lms.SafeExtractor
 c.LmsFileNameCollector.roster = os.environ.get("RLHF_ROSTER") or _lms.default_roster(_root)
 # * `nbgrader export` writes grades.csv with a real CSV writer, as UTF-8: a student folder named
 #   with a comma, a quote or a newline stays one row with the same columns.
-c.ExportApp.plugin_class = _course_module("csv_export.py", "rlhf_lab_course_csv_export").CsvExport
+c.ExportApp.plugin_class = _course_module("operations/csv_export.py", "rlhf_lab_course_csv_export").CsvExport
 c.LmsFileNameCollector.released = sorted({
     _name for _a in (os.listdir(os.path.join(_root, "release")) if os.path.isdir(os.path.join(_root, "release")) else [])
     if os.path.isdir(os.path.join(_root, "release", _a))
@@ -221,12 +221,12 @@ c.LmsFileNameCollector.released = sorted({
 })
 # * Feedback for an answer still waiting for a human says "awaiting grading", not 0: a course
 #   preprocessor marks those cells and two filters let the text through nbgrader's own template.
-#   The pipeline also holds such notebooks back by default (see rlhf_lab.instructor.pipeline.feedback).
-_feedback_filter = _course_module("feedback_filter.py", "rlhf_lab_course_feedback_filter")
+#   The pipeline also holds such notebooks back by default (see rlhf_lab.instructor.classrun.pipeline.feedback).
+_feedback_filter = _course_module("grader/feedback_filter.py", "rlhf_lab_course_feedback_filter")
 if _feedback_filter.MarkPendingGrades not in c.GenerateFeedback.preprocessors:
     c.GenerateFeedback.preprocessors = list(c.GenerateFeedback.preprocessors) + [_feedback_filter.MarkPendingGrades]
 c.HTMLExporter.filters = {"float": _feedback_filter.float_filter, "round": _feedback_filter.round_filter}
-# * Student HTML never runs (rlhf_lab/instructor/html_safety.py). Every HTML page the course renders
+# * Student HTML never runs (rlhf_lab/instructor/grader/html_safety.py). Every HTML page the course renders
 #   (Formgrader's submission view, feedback) sanitises the notebook again as its first preprocessor,
 #   also for notebooks autograded before this existed, and the feedback pipeline once more as its
 #   last step. sanitize_html makes nbconvert emit no script for JavaScript/widget outputs and pass
@@ -241,7 +241,7 @@ c.GenerateFeedback.preprocessors = list(c.GenerateFeedback.preprocessors) + [_ht
 c.GenerateFeedback.exporter_class = _html_safety.FeedbackExporter
 
 # --- planted files: nothing a student leaves behind is followed, opened or copied as its target ------
-# (rlhf_lab/instructor/safe_files.py and preflight_hook.py)
+# (rlhf_lab/instructor/grader/safe_files.py and preflight_hook.py)
 # * generate_feedback: before a student's autograded/ folder is rendered and its extra files copied
 #   into feedback/, every link, FIFO, socket, device, hard link and file over 100 MiB (sparse or not)
 #   in it is moved to integrity/quarantine/<student>/<assignment>/feedback/ and dropped from what is
@@ -250,7 +250,7 @@ c.GenerateFeedback.exporter_class = _html_safety.FeedbackExporter
 #   nbgrader's permission walk never chmods through a link the kernel left there.
 # * nbgrader reads every timestamp.txt without following a link or blocking on a FIFO.
 # * collect copies a submission without following anything; release_feedback releases only plain files.
-_planted = _course_module("preflight_hook.py", "rlhf_lab_course_preflight_hook")
+_planted = _course_module("grader/preflight_hook.py", "rlhf_lab_course_preflight_hook")
 _planted.install_safe_timestamps()
 c.GenerateFeedback.pre_convert_hook = _preflight.feedback_pre
 _sweep = _planted.planted_file_sweep(_root)

@@ -23,7 +23,7 @@ assignments:
 * ``per-process``: each student's nbgrader process judges by itself (``RLHF_JUDGE_SERVER=0``, as a
   bare ``nbgrader autograde`` does), so every student pays the library import and the references'
   compilation again;
-* ``server``: one judge server for the run (:mod:`rlhf_lab.instructor.judge_server`), the default;
+* ``server``: one judge server for the run (:mod:`rlhf_lab.instructor.grader.judge_server`), the default;
 * ``in-kernel``: the path before the judge and the sandbox (``RLHF_JUDGE=0``, ``RLHF_NO_SANDBOX=1``),
   the course issue's baseline (the default path no slower than 1.2x it).
 
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from rlhf_lab.instructor import pipeline  # noqa: E402
+from rlhf_lab.instructor.classrun import pipeline  # noqa: E402
 
 CONFIGS = {
     "in-kernel": {"RLHF_JUDGE": "0", "RLHF_NO_SANDBOX": "1"},
@@ -86,7 +86,7 @@ def class_students(assignment: str, size: int) -> list[str]:
 
 
 def class_part(size: int, only: list[str] | None = None) -> list[str]:
-    from rlhf_lab.instructor import orchestrator
+    from rlhf_lab.instructor.classrun import orchestrator
     from rlhf_lab.instructor.course import as_course
 
     load_before = os.getloadavg()

@@ -5,7 +5,7 @@ then fewest code cells) with the bundled example students (correct, mistaken) an
 hostile ones (``parallel.example_class``) duplicated up to ``--size`` students (default 24). Each
 way of grading gets its own fresh copy of the course (the repository is never touched):
 
-* ``sequential``: ``python -m rlhf_lab.instructor.parallel A --sequential``, the plain loop (one
+* ``sequential``: ``python -m rlhf_lab.instructor.classrun.parallel A --sequential``, the plain loop (one
   ``nbgrader autograde A --student ID`` process after another);
 * ``parallel``: the same command without ``--sequential``: one task per student on a Dask
   LocalCluster sized to the machine (``--workers N`` to change), cluster start-up included;
@@ -51,7 +51,8 @@ from distributed import Client  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package
 from fixtures.classes import example_class  # noqa: E402
-from rlhf_lab.instructor import compile_cache, parallel  # noqa: E402
+from rlhf_lab.instructor.grader import compile_cache  # noqa: E402
+from rlhf_lab.instructor.classrun import parallel
 
 COURSE_ID = "rlhf-ppo"
 WAYS = ("sequential", "parallel", "upstream")

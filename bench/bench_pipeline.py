@@ -39,7 +39,8 @@ import nbformat  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package
 from fixtures import submissions  # noqa: E402
-from rlhf_lab.instructor import compile_cache, pipeline  # noqa: E402
+from rlhf_lab.instructor.grader import compile_cache  # noqa: E402
+from rlhf_lab.instructor.classrun import pipeline
 
 TARGET_STUDENT_SECONDS = 60.0
 

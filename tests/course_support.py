@@ -25,7 +25,7 @@ API
     per mistake recipe, noisy-but-correct) through collect -> autograde (one nbgrader process per
     student, on :func:`class_grader`'s workers) -> feedback -> export, in its own copy of the
     template. Once per session.
-    ``ClassRun`` is :class:`rlhf_lab.instructor.pipeline.ClassRun`: ``.root``, ``.runs``
+    ``ClassRun`` is :class:`rlhf_lab.instructor.classrun.pipeline.ClassRun`: ``.root``, ``.runs``
     (:class:`StudentRun` per student and assignment: ok / reason / notes / seconds),
     ``.grades`` (:class:`Grades`: ``.cell(student, assignment, grade_id)``, ``.by_cell(...)``,
     ``.totals``, ``.tests(assignment)``), ``.feedback``, ``.csv_path``, ``.collected``.
@@ -33,7 +33,7 @@ API
     Grade YOUR submissions in a fresh copy of the template. ``submissions`` maps
     ``student -> assignment -> notebook name -> NotebookNode | str | bytes`` (str/bytes are written
     verbatim, e.g. invalid JSON; ``None`` omits the notebook). ``grader`` replaces the sequential
-    loop (signature of :func:`rlhf_lab.instructor.pipeline.run_class`'s ``grader``).
+    loop (signature of :func:`rlhf_lab.instructor.classrun.pipeline.run_class`'s ``grader``).
 ``correct_submission(assignment)`` / ``release_submission(assignment)``
     ``{notebook name: NotebookNode}`` built from the committed release (and source solutions).
 ``replace_cell(nb, grade_id, code)``
@@ -70,8 +70,8 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from fixtures import submissions  # noqa: E402
-from rlhf_lab.instructor import pipeline  # noqa: E402
-from rlhf_lab.instructor.pipeline import ClassRun  # noqa: E402
+from rlhf_lab.instructor.classrun import pipeline  # noqa: E402
+from rlhf_lab.instructor.classrun.pipeline import ClassRun  # noqa: E402
 
 _CACHE: dict = {}
 
@@ -84,7 +84,7 @@ def _build_template(dest: Path) -> Path:
     root = pipeline.copy_course(dest, REPO)
     pipeline.check_config(root, own_db(root))
     pipeline.generate(root, pipeline.assignments(root), db_url=own_db(root))
-    from rlhf_lab.instructor import compile_cache
+    from rlhf_lab.instructor.grader import compile_cache
 
     for assignment in pipeline.graded_assignments(root):  # reused from the repository when unchanged
         compile_cache.ensure_seed(root, assignment)
@@ -148,7 +148,7 @@ def class_grader():
     workers = int(os.environ.get("RLHF_TEST_WORKERS", "2") or 0)
     if workers <= 1:
         return None
-    from rlhf_lab.instructor import parallel
+    from rlhf_lab.instructor.classrun import parallel
 
     return parallel.dask_grader(workers=workers)
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlhf_lab.instructor import authoring, release
+from rlhf_lab.instructor import authoring
+from rlhf_lab.instructor.operations import release
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,8 @@ import nbformat
 import pytest
 
 from browser_support import ARTIFACTS, REPO, chromium_page, jupyter_lab, require_chromium
-from rlhf_lab.instructor import exchange, pipeline
+from rlhf_lab.instructor.operations import exchange
+from rlhf_lab.instructor.classrun import pipeline
 
 pytestmark = pytest.mark.browser
 

@@ -1,4 +1,4 @@
-"""The trusted JAX compilation cache (``rlhf_lab.instructor.compile_cache``).
+"""The trusted JAX compilation cache (``rlhf_lab.instructor.grader.compile_cache``).
 
 Fast tests check that a private copy is made only from a seed that verifies (every entry's
 SHA-256, this machine, this JAX) and never follows a path out of the seed. The ``slow`` test
@@ -22,7 +22,8 @@ import pytest
 from course_support import (  # noqa: F401  (fixtures are used by name)
     LIBRARY_LOG, correct_submission, fresh_course, own_db, replace_cell, session_base, write_submissions,
 )
-from rlhf_lab.instructor import compile_cache, pipeline
+from rlhf_lab.instructor.grader import compile_cache
+from rlhf_lab.instructor.classrun import pipeline
 
 
 def _fake_seed(folder: Path, entries: dict[str, bytes], **key_overrides) -> Path:
@@ -111,7 +112,7 @@ def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp
     seed = compile_cache.seed_dir(root, assignment)
     # the instructor's command, rebuilding: what it prints is meant for a person (on CPUs with
     # AVX-512, XLA logs an error line per cached function each time a kernel reads the cache)
-    cli = subprocess.run([sys.executable, "-m", "rlhf_lab.instructor.compile_cache", "--root", str(root),
+    cli = subprocess.run([sys.executable, "-m", "rlhf_lab.instructor.grader.compile_cache", "--root", str(root),
                           "--force", assignment], capture_output=True, text=True, timeout=600,
                          env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
     assert cli.returncode == 0, cli.stdout + cli.stderr

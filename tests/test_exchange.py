@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from course_support import REPO, course_template_dir, fresh_course, own_db, session_base  # noqa: F401
-from rlhf_lab.instructor import exchange, integrity, pipeline
+from rlhf_lab.instructor.operations import exchange
+from rlhf_lab.instructor.grader import integrity
+from rlhf_lab.instructor.classrun import pipeline
 
 A = "a1_ppo_objective"
 STUDENT_CONFIG = REPO / "jupyter" / "student"

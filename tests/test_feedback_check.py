@@ -11,8 +11,8 @@ import nbformat
 import pytest
 
 from course_support import LIBRARY_LOG, REPO, bundled_class_run  # noqa: F401  (fixtures are used by name)
-from rlhf_lab.instructor import feedback_filter as ff
-from rlhf_lab.instructor import pipeline
+from rlhf_lab.instructor.grader import feedback_filter as ff
+from rlhf_lab.instructor.classrun import pipeline
 
 HIDDEN = 'grading.judge("test_clip_boundary")'
 ANSWER = "return jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)"

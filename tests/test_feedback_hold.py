@@ -9,8 +9,9 @@ import nbformat
 import pytest
 
 from course_support import REPO, course_template_dir, fresh_course, own_db, session_base  # noqa: F401
-from rlhf_lab.instructor import exchange, pipeline
-from rlhf_lab.instructor.feedback_filter import AWAITING, float_filter, is_awaiting, round_filter
+from rlhf_lab.instructor.operations import exchange
+from rlhf_lab.instructor.classrun import pipeline
+from rlhf_lab.instructor.grader.feedback_filter import AWAITING, float_filter, is_awaiting, round_filter
 
 A = "a1_ppo_objective"
 _FORMGRADER = os.path.join(os.path.dirname(__import__("nbgrader").__file__), "server_extensions", "formgrader")
@@ -128,7 +129,7 @@ def test_the_flag_releases_pending_feedback_that_says_awaiting_grading(graded):
 
 
 def test_give_feedback_names_a_wrong_assignment_or_flag():
-    from rlhf_lab.instructor import give_feedback
+    from rlhf_lab.instructor.operations import give_feedback
 
     with pytest.raises(ValueError, match="assignment must be one of"):
         give_feedback.give_feedback("ppo_typo", REPO)

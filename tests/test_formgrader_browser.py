@@ -8,7 +8,7 @@ Chromium opens Formgrader's "Manage Submissions" page for the assignment and cli
 each student's row, waiting for nbgrader's "Successfully autograded" dialog. Then the copy's
 gradebook, read row by row (auto score, manual score, max score, needs-manual-grade, the notebook's
 flag and the pre-flight's comment), must equal the gradebook the course command
-(:func:`rlhf_lab.instructor.pipeline.run_class`) leaves for the same files in another copy, and the
+(:func:`rlhf_lab.instructor.classrun.pipeline.run_class`) leaves for the same files in another copy, and the
 totals Formgrader's own API reports must equal the course command's totals.
 
 Before the pre-flight was wired through ``nbgrader_config.py``'s convert hooks, the button kept the
@@ -28,7 +28,7 @@ from browser_support import ARTIFACTS, chromium_page, jupyter_lab, require_chrom
 from course_support import fresh_course, own_db, write_submissions
 from test_preflight_hook import ASSIGNMENT, CONTROL, HOSTILE, NB1, _submissions, gradebook_rows, withheld_tests
 
-from rlhf_lab.instructor import pipeline
+from rlhf_lab.instructor.classrun import pipeline
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
 

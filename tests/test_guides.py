@@ -7,7 +7,8 @@ import nbformat
 import pytest
 
 from course_support import REPO
-from rlhf_lab.instructor import guide, pipeline
+from rlhf_lab.instructor.operations import guide
+from rlhf_lab.instructor.classrun import pipeline
 
 
 def _hand_graded_cells(assignment):

@@ -1,4 +1,4 @@
-"""Student HTML is data: ``rlhf_lab/instructor/html_safety.py`` and its wiring in ``nbgrader_config.py``.
+"""Student HTML is data: ``rlhf_lab/instructor/grader/html_safety.py`` and its wiring in ``nbgrader_config.py``.
 
 Fast tests. A notebook built with nbformat carries every payload of the attack review (a
 ``text/html`` script, an SVG with ``onload``, ``application/javascript``, a widget view, markdown
@@ -27,7 +27,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output, new_raw_cell
 
 REPO = Path(__file__).resolve().parents[1]
-MODULE = REPO / "helpers" / "rlhf_lab" / "instructor" / "html_safety.py"
+MODULE = REPO / "helpers" / "rlhf_lab" / "instructor" / "grader" / "html_safety.py"
 
 PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 JS = "window.__pwned = 1; document.title = 'pwned'; alert(1)"

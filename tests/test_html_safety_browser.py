@@ -9,7 +9,7 @@ unquoted attribute. Every payload sets ``window.__pwned``, changes ``document.ti
 ``alert`` and tries to write ``pwned_<payload>.txt`` into the course through the Jupyter API
 (``PUT /api/contents/...`` with the page's XSRF cookie: what works from Formgrader's origin).
 
-The course command (:func:`rlhf_lab.instructor.pipeline.run_class`) autograds the submission for real
+The course command (:func:`rlhf_lab.instructor.classrun.pipeline.run_class`) autograds the submission for real
 (sandboxed kernel, judge, pre-flight) and writes its feedback. A real JupyterLab on 127.0.0.1 serves
 the course (``browser_support.py``); headless Debian Chromium opens the submission in Formgrader and
 then the feedback page (as a student opens a downloaded file), clicks the planted link, and must
@@ -36,7 +36,7 @@ from browser_support import ARTIFACTS, chromium_page, jupyter_lab, require_chrom
 from course_support import correct_submission, fresh_course, own_db, write_submissions
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from rlhf_lab.instructor import pipeline
+from rlhf_lab.instructor.classrun import pipeline
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
 

@@ -10,8 +10,15 @@ Layers, lowest first (a module may import its own layer and the ones below):
    ``sequences``, ...)
 1. ``judging``: the hidden tests' logic, by grade id
 2. ``grading``: the in-kernel side of a hidden test cell
-3. instructor, low: the course object, run records, the sandbox, the judge, authoring, filters
-4. instructor, high: the pre-flight, the pipeline and its executors, exchange, backup, the demo
+3. ``instructor.course``: the course object every instructor layer is handed
+4. ``instructor.grader``: grading one submission, the grader's side of the sandbox
+5. ``instructor.authoring``: the source notebooks and their lint rules
+6. ``instructor.classrun``: running a class (orchestrator, executors, pipeline, records)
+7. ``instructor.operations``: the instructor's week (exchange, LMS, roster, release, feedback, export)
+8. the front ends: ``rlhf_lab.instructor`` itself (re-exports the pipeline) and ``rlhf_lab.demo``
+
+Every module of ``rlhf_lab.instructor`` lives in one of these subpackages (or is ``course`` or
+``authoring``): a new module is placed on purpose.
 """
 from __future__ import annotations
 
@@ -21,20 +28,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "helpers" / "rlhf_lab"
 
-CORE, JUDGING, GRADING, LOW, HIGH = range(5)
-LAYER_NAMES = {CORE: "core", JUDGING: "judging", GRADING: "grading", LOW: "instructor low", HIGH: "instructor high"}
+CORE, JUDGING, GRADING, COURSE, GRADER, AUTHORING, CLASSRUN, OPERATIONS, FRONT = range(9)
+LAYER_NAMES = {CORE: "core", JUDGING: "judging", GRADING: "grading", COURSE: "instructor.course",
+               GRADER: "instructor.grader", AUTHORING: "instructor.authoring", CLASSRUN: "instructor.classrun",
+               OPERATIONS: "instructor.operations", FRONT: "front end"}
 
-#: Instructor modules of the lower layer (everything else under ``instructor`` is high, and must
-#: be listed in :data:`HIGH_INSTRUCTOR` so a new module is placed on purpose).
-LOW_INSTRUCTOR = {
-    "course", "records", "sandbox", "library_build", "kernel_guard", "feedback_filter", "judge",
-    "judge_server", "authoring", "preprocessors", "nbgrader_cli", "lms", "compile_cache", "csv_export",
-    "safe_files", "html_safety", "trusted_runtime", "rebinding",
-}
-HIGH_INSTRUCTOR = {
-    "integrity", "orchestrator", "pipeline", "parallel", "exchange", "give_feedback", "backup", "guide",
-    "preflight_hook", "roster", "release", "__init__",
-}
+#: ``rlhf_lab.instructor.<part>`` -> its layer (a module or a subpackage).
+INSTRUCTOR_PARTS = {"course": COURSE, "grader": GRADER, "authoring": AUTHORING, "classrun": CLASSRUN,
+                    "operations": OPERATIONS}
 
 
 def module_name(path: Path) -> str:
@@ -99,18 +100,16 @@ def layer(name: str) -> int:
     parts = name.split(".")
     if parts[:2] == ["rlhf_lab", "instructor"]:
         if len(parts) == 2:
-            return HIGH  # the package's own __init__ re-exports the pipeline
-        leaf = parts[2]
-        if leaf in LOW_INSTRUCTOR:
-            return LOW
-        assert leaf in HIGH_INSTRUCTOR, f"place the new instructor module {name} in a layer (tests/test_import_graph.py)"
-        return HIGH
+            return FRONT  # the package's own __init__ re-exports the pipeline
+        assert parts[2] in INSTRUCTOR_PARTS, (
+            f"place the instructor module {name} in a subpackage of a layer (tests/test_import_graph.py)")
+        return INSTRUCTOR_PARTS[parts[2]]
     if parts[:2] == ["rlhf_lab", "judging"]:
         return JUDGING
     if parts[:2] == ["rlhf_lab", "grading"]:
         return GRADING
     if name in ("rlhf_lab.demo",):
-        return HIGH
+        return FRONT
     return CORE
 
 
@@ -182,6 +181,12 @@ def test_lower_layers_never_import_upper_ones():
 
 
 def test_every_instructor_module_has_a_layer():
-    leaves = {n.split(".")[2] for n in modules() if n.startswith("rlhf_lab.instructor.")}
-    unplaced = leaves - LOW_INSTRUCTOR - HIGH_INSTRUCTOR
-    assert not unplaced, f"place these instructor modules in a layer: {sorted(unplaced)}"
+    parts = {n.split(".")[2] for n in modules() if n.startswith("rlhf_lab.instructor.")}
+    unplaced = parts - set(INSTRUCTOR_PARTS)
+    assert not unplaced, f"place these instructor modules in a subpackage: {sorted(unplaced)}"
+
+
+def test_every_instructor_subpackage_says_what_it_owns_and_may_import():
+    for part in ("grader", "classrun", "operations"):
+        doc = (PACKAGE / "instructor" / part / "__init__.py").read_text(encoding="utf-8")
+        assert "May import" in doc, part

@@ -26,7 +26,7 @@ import time
 import numpy as np
 import pytest
 
-from rlhf_lab.instructor import judge
+from rlhf_lab.instructor.grader import judge
 from rlhf_lab.judging import CHECKS, wire
 from rlhf_lab.judging.core import Jax, Key, Source
 

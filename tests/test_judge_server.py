@@ -1,7 +1,7 @@
 """The judge server: one judge for a class run, reached by each student's grader process.
 
 Fast tests with a fake kernel side (a :class:`~rlhf_lab.judging.core.LocalStudent` over plain
-functions stands for :class:`~rlhf_lab.instructor.judge.RemoteStudent`):
+functions stands for :class:`~rlhf_lab.instructor.grader.judge.RemoteStudent`):
 
 * every kind of request (call, grad, value, scenario) goes from the server's check back to the
   grader side and its plain answer returns to the check, which decides as it would in-process;
@@ -29,7 +29,7 @@ import time
 import numpy as np
 import pytest
 
-from rlhf_lab.instructor import judge, judge_server
+from rlhf_lab.instructor.grader import judge, judge_server
 from rlhf_lab.judging import CHECKS, core
 from rlhf_lab.judging.registry import Check
 

@@ -1,4 +1,4 @@
-"""Per-notebook library builds and the copied-answer check (rlhf_lab/instructor/library_build.py)."""
+"""Per-notebook library builds and the copied-answer check (rlhf_lab/instructor/grader/library_build.py)."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 from course_support import REPO, correct_submission, replace_cell
-from rlhf_lab.instructor import library_build as lb
+from rlhf_lab.instructor.grader import library_build as lb
 
 
 def test_the_manifest_is_what_the_source_notebooks_hidden_tests_forbid():
@@ -286,7 +286,7 @@ def test_an_answer_that_hands_gae_to_the_library_loses_exactly_the_gae_points(tm
     rlhf_lab.sequences (the notebook's given code never imports it), so the borrowed gae fails the
     two GAE checks and nothing else; the same notebook with its own gae keeps every point."""
     from course_support import fresh_course, own_db, session_base
-    from rlhf_lab.instructor import pipeline
+    from rlhf_lab.instructor.classrun import pipeline
 
     root = fresh_course(tmp_path / "course", session_base(tmp_path_factory))
     nb_name = "02_ppo_pieces"

@@ -1,6 +1,6 @@
 """``nbgrader zip_collect`` on hostile LMS downloads: archives are extracted with limits
-(:class:`rlhf_lab.instructor.lms.SafeExtractor`) and only the LMS's own naming at the top of the
-download decides whose a file is (:class:`~rlhf_lab.instructor.lms.LmsFileNameCollector`).
+(:class:`rlhf_lab.instructor.operations.lms.SafeExtractor`) and only the LMS's own naming at the top of the
+download decides whose a file is (:class:`~rlhf_lab.instructor.operations.lms.LmsFileNameCollector`).
 
 Every archive is built here, in tmp, and collected by the real nbgrader command with the course's
 configuration (``nbgrader_config.py``: both plugins and the roster)."""
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from course_support import REPO
-from rlhf_lab.instructor import lms, pipeline
+from rlhf_lab.instructor.operations import lms
+from rlhf_lab.instructor.classrun import pipeline
 
 A = "a1_ppo_objective"
 FIRST, SECOND = pipeline.notebooks(A, REPO, where="release")

@@ -1,5 +1,5 @@
 """``nbgrader zip_collect`` on LMS downloads: a Canvas zip and a Moodle zip, built here, collected
-by the real nbgrader command with the course's collector plugin and roster (rlhf_lab/instructor/lms.py)."""
+by the real nbgrader command with the course's collector plugin and roster (rlhf_lab/instructor/operations/lms.py)."""
 from __future__ import annotations
 
 import zipfile
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from course_support import REPO
-from rlhf_lab.instructor import lms, pipeline
+from rlhf_lab.instructor.operations import lms
+from rlhf_lab.instructor.classrun import pipeline
 
 A = "a1_ppo_objective"
 NOTEBOOKS = pipeline.notebooks(A, REPO, where="release")

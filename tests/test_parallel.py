@@ -1,4 +1,4 @@
-"""Parallel autograding on Dask (rlhf_lab.instructor.parallel), with real nbgrader, real Dask
+"""Parallel autograding on Dask (rlhf_lab.instructor.classrun.parallel), with real nbgrader, real Dask
 LocalClusters, a real SQLite file and a real PostgreSQL server started here.
 
 Expected grades never come from the code under test: the class runs are compared with plain
@@ -28,8 +28,8 @@ import pytest
 
 from fixtures.classes import example_class
 from pg_support import create_database, postgres_server
-from rlhf_lab.instructor import parallel
-from rlhf_lab.instructor.parallel import (
+from rlhf_lab.instructor.classrun import parallel
+from rlhf_lab.instructor.classrun.parallel import (
     ParallelGradingError, Progress, cheapest_assignment, copy_course, grade_class, replicate_class,
 )
 
@@ -243,7 +243,7 @@ def test_a_student_counts_as_graded_only_after_a_finished_run_of_this_submission
 
 def test_dask_grader_plugs_into_the_sequential_pipeline(monkeypatch):
     """``pipeline.run_class(..., grader=dask_grader())`` gets the pipeline's StudentRun list."""
-    from rlhf_lab.instructor.pipeline import StudentRun
+    from rlhf_lab.instructor.classrun.pipeline import StudentRun
 
     seen = {}
 
@@ -318,7 +318,7 @@ def test_crash_mid_run_then_rerun_grades_only_the_rest_and_hostile_ones_fail_alo
     root = copy_course(template, tmp_path / "course", [TOY])
     students = replicate_class(subs, TOY, 6, root)
     env = nbgrader_env(root, RLHF_CELL_TIMEOUT="5")
-    cli = [sys.executable, "-m", "rlhf_lab.instructor.parallel", TOY, "--root", str(root)]
+    cli = [sys.executable, "-m", "rlhf_lab.instructor.classrun.parallel", TOY, "--root", str(root)]
 
     # 1. a hard crash of the whole command (SIGKILL to its process group) partway through
     log = open(tmp_path / "first.log", "w")
@@ -410,7 +410,7 @@ def test_crash_mid_run_then_rerun_grades_only_the_rest_and_hostile_ones_fail_alo
 def test_pipeline_killed_while_a_notebook_runs_grades_that_student_again(toy, tmp_path):
     """sequential pipeline killed mid-notebook: the half-graded student is pending and re-graded"""
     from course_support import kill_tree
-    from rlhf_lab.instructor import pipeline
+    from rlhf_lab.instructor.classrun import pipeline
 
     template, subs = toy
     root = copy_course(template, tmp_path / "course", [TOY])
@@ -426,7 +426,7 @@ def test_pipeline_killed_while_a_notebook_runs_grades_that_student_again(toy, tm
     (folder / "slow" / TOY).mkdir(parents=True)
     nbformat.write(slow, folder / "slow" / TOY / "toy.ipynb")
     shutil.copytree(subs / "correct", folder / "correct")
-    driver = ("import sys\nfrom rlhf_lab.instructor import pipeline\n"
+    driver = ("import sys\nfrom rlhf_lab.instructor.classrun import pipeline\n"
               "pipeline.run_class(sys.argv[1], root=sys.argv[2], db_url=sys.argv[3], names=['toy'],\n"
               "    fresh=False, regenerate=False, force=False, compile_cache=False,\n"
               "    progress=lambda r: print('DONE', r.student, flush=True))\n")
@@ -554,7 +554,7 @@ def test_parallel_on_postgresql_gives_the_sequential_grades(klass, tmp_path):
     with postgres_server() as server:
         url = create_database(server, "gradebook")  # fresh: schema created before the fan-out
         out = tmp_path / "run.json"
-        proc = subprocess.run([sys.executable, "-m", "rlhf_lab.instructor.parallel", a,
+        proc = subprocess.run([sys.executable, "-m", "rlhf_lab.instructor.classrun.parallel", a,
                                "--root", str(root), "--db", url, "--json", str(out),
                                "--no-preflight"],  # as upstream nbgrader, the baseline
                               cwd=root, env=env, capture_output=True, text=True)

@@ -22,8 +22,9 @@ from course_support import (  # noqa: F401  (fixtures are used by name)
     REPO, autograde_mistakes, bundled_class_run, course_template_dir, fresh_course, mistakes, own_db, session_base,
 )
 from fixtures import submissions
-from rlhf_lab.instructor import pipeline, release
-from rlhf_lab.instructor.preprocessors import relabel_stderr
+from rlhf_lab.instructor.classrun import pipeline
+from rlhf_lab.instructor.operations import release
+from rlhf_lab.instructor.grader.preprocessors import relabel_stderr
 
 GRADED = pipeline.graded_assignments(REPO)
 
@@ -166,7 +167,7 @@ def test_demo_command_grades_prints_the_tables_and_resumes_only_what_is_unfinish
     import subprocess
     import sys
 
-    from rlhf_lab.instructor import parallel
+    from rlhf_lab.instructor.classrun import parallel
 
     work = tmp_path / "course"
     shutil.copytree(course_template_dir / ".cache", work / ".cache")  # the session's seeds (same key)
@@ -203,7 +204,7 @@ def test_demo_command_grades_prints_the_tables_and_resumes_only_what_is_unfinish
     pages = sorted((work / "feedback").rglob("*.html")) + sorted((work / "autograded").rglob("*.ipynb"))
     assert pages and not [p for p in pages if xla_log.search(p.read_text(encoding="utf-8", errors="replace"))]
     assert grades.totals  # the roster gave names: the gradebook knows them
-    from rlhf_lab.instructor import roster
+    from rlhf_lab.instructor.operations import roster
     assert roster.gradebook_students(work, own_db(work))["ada_correct"][:2] == ("Ada", "Okafor")
 
     # an interruption while cy was being graded: its record never got past 'running'

@@ -32,7 +32,9 @@ import nbformat
 import pytest
 from course_support import REPO, correct_submission, fresh_course, own_db, session_base, write_submissions
 
-from rlhf_lab.instructor import backup, exchange, integrity, pipeline
+from rlhf_lab.instructor.operations import backup, exchange
+from rlhf_lab.instructor.grader import integrity
+from rlhf_lab.instructor.classrun import pipeline
 
 ASSIGNMENT = "a1_ppo_objective"
 NB1 = "01_clipped_objective"
@@ -117,7 +119,7 @@ def test_a_hard_link_and_a_sparse_file_are_moved_out_never_copied(tmp_path):
 
 
 def test_the_feedback_hook_moves_planted_files_out_and_drops_them_from_what_is_rendered(tmp_path):
-    from rlhf_lab.instructor import preflight_hook
+    from rlhf_lab.instructor.grader import preflight_hook
 
     root = _tiny_course(tmp_path)
     folder = root / "autograded" / "mallory" / ASSIGNMENT
@@ -136,7 +138,7 @@ def test_the_feedback_hook_moves_planted_files_out_and_drops_them_from_what_is_r
 
 
 def test_a_linked_autograded_folder_gives_no_feedback(tmp_path):
-    from rlhf_lab.instructor import preflight_hook
+    from rlhf_lab.instructor.grader import preflight_hook
 
     root = _tiny_course(tmp_path)
     (root / "autograded" / "mallory").mkdir(parents=True)
@@ -172,7 +174,7 @@ def test_a_feedback_page_that_is_a_fifo_is_not_read_and_not_kept(tmp_path):
     folder = root / "feedback" / "mallory" / ASSIGNMENT
     folder.mkdir(parents=True)
     os.mkfifo(folder / (NB1 + ".html"))
-    code = ("from rlhf_lab.instructor import pipeline\n"
+    code = ("from rlhf_lab.instructor.classrun import pipeline\n"
             f"print(pipeline.check_written_feedback({ASSIGNMENT!r}, {str(root)!r}))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=pipeline.nbgrader_env(root, own_db(root)))

@@ -1,4 +1,4 @@
-"""The integrity pre-flight runs inside nbgrader itself (``rlhf_lab/instructor/preflight_hook.py``).
+"""The integrity pre-flight runs inside nbgrader itself (``rlhf_lab/instructor/grader/preflight_hook.py``).
 
 ``nbgrader_config.py`` installs the pre-flight as nbgrader's ``pre_convert_hook`` and its withheld
 points as the ``post_convert_hook`` of ``Autograde``. These tests check that:
@@ -9,14 +9,14 @@ points as the ``post_convert_hook`` of ``Autograde``. These tests check that:
   ``integrity/<assignment>.json``, and a per-student run keeps the other students' findings;
 * slow: a bare ``python -m nbgrader autograde <assignment> --student <s>`` on a copy of the course
   gives, gradebook row by gradebook row, the grades the course command
-  (:func:`rlhf_lab.instructor.pipeline.run_class`) gives for the same files, for a correct control
+  (:func:`rlhf_lab.instructor.classrun.pipeline.run_class`) gives for the same files, for a correct control
   and two hostile submissions: a locked read-only cell unlocked (its nbgrader metadata removed),
   edited and moved to the end of the notebook (the tests after its place must be withheld) and a
   second notebook that is not JSON (quarantined: it scores 0, the first notebook is still graded).
   Without the hooks the bare command gives the moved cell's tests their auto scores and drops the
   second student's whole submission. A fourth student, a bundled mistake, loses its tests in both.
   The course command judges every hidden test in its run's judge server
-  (:mod:`rlhf_lab.instructor.judge_server`), bare nbgrader in each student's own process: the equal
+  (:mod:`rlhf_lab.instructor.grader.judge_server`), bare nbgrader in each student's own process: the equal
   gradebooks are also the proof that the server changes no verdict.
 """
 from __future__ import annotations
@@ -33,7 +33,8 @@ import nbformat
 import pytest
 from course_support import REPO, correct_submission, fresh_course, mistakes, own_db, replace_cell, write_submissions
 
-from rlhf_lab.instructor import integrity, judge_server, pipeline
+from rlhf_lab.instructor.grader import integrity, judge_server
+from rlhf_lab.instructor.classrun import pipeline
 
 ASSIGNMENT = "a1_ppo_objective"
 NB1 = "01_clipped_objective"
@@ -167,7 +168,7 @@ def test_pre_hook_fails_closed(tmp_path):
     (root / "submitted" / CONTROL / ASSIGNMENT).mkdir(parents=True)  # no release/: the pre-flight fails
     nb = root / "submitted" / CONTROL / ASSIGNMENT / f"{NB1}.ipynb"
     nb.write_text("{}")
-    from rlhf_lab.instructor.preflight_hook import PreflightHooks
+    from rlhf_lab.instructor.grader.preflight_hook import PreflightHooks
 
     notebooks = [str(nb)]
     with pytest.raises(Exception):
@@ -290,7 +291,7 @@ def test_bare_nbgrader_autograde_gives_the_course_commands_grades(course_command
 def test_a_submission_the_pre_flight_emptied_is_reported_with_what_it_found():
     """nbgrader says only "No notebooks found" when the hook quarantined everything: the reason the
     course reports is the pre-flight's finding, naming the notebook and the problem."""
-    from rlhf_lab.instructor import orchestrator
+    from rlhf_lab.instructor.classrun import orchestrator
 
     output = ("[AutogradeApp | WARNING] integrity pre-flight: zz/a1: nb.ipynb is not valid JSON (line 1)\n"
               "[AutogradeApp | WARNING] integrity pre-flight: not run (quarantined): nb.ipynb\n"

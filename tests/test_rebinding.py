@@ -1,8 +1,8 @@
-"""Statements that rebind JAX, NumPy, builtins or the course library (``rlhf_lab/instructor/rebinding.py``).
+"""Statements that rebind JAX, NumPy, builtins or the course library (``rlhf_lab/instructor/grader/rebinding.py``).
 
 Fast tests only: :func:`rebinding.scan` / :func:`rebinding.scan_cells` on every reported and every
 allowed form (nothing runs: the cells are parsed), and the real pre-flight
-(:func:`rlhf_lab.instructor.integrity.preflight`) on a copy of the course (``nbgrader_config.py``
+(:func:`rlhf_lab.instructor.grader.integrity.preflight`) on a copy of the course (``nbgrader_config.py``
 and ``release/``) with a correct ``a1_ppo_objective`` submission, once clean and once with
 ``jax.grad`` rebound in an answer cell of ``01_clipped_objective``: the second gets one
 ``rebinding`` BLOCK finding that withholds exactly the test cells at or below that cell. No code
@@ -17,8 +17,8 @@ import nbformat
 import pytest
 from course_support import REPO, correct_submission, write_submissions
 
-from rlhf_lab.instructor import integrity, rebinding
-from rlhf_lab.instructor.rebinding import INTROSPECTION, REBIND, Rebinding, scan, scan_cells
+from rlhf_lab.instructor.grader import integrity, rebinding
+from rlhf_lab.instructor.grader.rebinding import INTROSPECTION, REBIND, Rebinding, scan, scan_cells
 
 IMPORTS = ("import jax\nimport jax.numpy as jnp\nimport numpy as np\nimport builtins\nimport sys\n"
            "import importlib\nimport optax\nfrom jax import lax\nfrom jax import numpy as xp\n"

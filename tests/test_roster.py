@@ -7,7 +7,8 @@ import csv
 import pytest
 
 from course_support import REPO
-from rlhf_lab.instructor import pipeline, roster
+from rlhf_lab.instructor.classrun import pipeline
+from rlhf_lab.instructor.operations import roster
 
 ROSTER = REPO / "examples" / "roster.csv"
 

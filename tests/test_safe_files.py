@@ -1,4 +1,4 @@
-"""``rlhf_lab/instructor/safe_files.py``: student folders are walked, read and copied without ever
+"""``rlhf_lab/instructor/grader/safe_files.py``: student folders are walked, read and copied without ever
 following a link, blocking on a FIFO, reading a socket or a device, taking a hard link's content or
 inflating a sparse file, and every refusal names the student and the file.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab.instructor import safe_files
+from rlhf_lab.instructor.grader import safe_files
 
 MODULE = Path(safe_files.__file__)
 SECRET = "gradebook row: everyone gets full marks"
@@ -310,7 +310,7 @@ def test_only_plain_files_and_folders_are_yielded(course):
 def test_the_submission_fingerprint_never_follows_or_blocks(tmp_path):
     """records.submission_fingerprint over a folder with a FIFO and a link to a secret: it returns
     (no hang), does not depend on the secret's bytes, and still changes with the student's files."""
-    from rlhf_lab.instructor import records
+    from rlhf_lab.instructor.classrun import records
     from rlhf_lab.instructor.course import Course
 
     course = Course(root=str(tmp_path), course_id="c", db_url="sqlite://", submitted_directory="submitted",

@@ -1,4 +1,4 @@
-"""The grading sandbox (rlhf_lab/instructor/sandbox.py) with real kernels.
+"""The grading sandbox (rlhf_lab/instructor/grader/sandbox.py) with real kernels.
 
 Each test starts kernels the way nbgrader's autograde does (the course's ``Execute`` preprocessor
 with the sandboxed kernel manager selected by configuration, the kernel's folder
@@ -24,7 +24,7 @@ from traitlets.config import Config
 
 from course_support import REPO, load_module
 
-sandbox = load_module(REPO / "helpers/rlhf_lab/instructor/sandbox.py", "rlhf_lab_course_sandbox")
+sandbox = load_module(REPO / "helpers/rlhf_lab/instructor/grader/sandbox.py", "rlhf_lab_course_sandbox")
 kernel_guard = sandbox._kernel_guard  # the module the sandboxed manager extends
 
 needs_bwrap = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
@@ -160,7 +160,7 @@ def test_kernel_reaches_only_its_own_notebook_folder(course, home_probe):
 
 @needs_bwrap
 def test_no_network_a_private_tmp_and_no_course_secrets_in_the_environment(course, monkeypatch):
-    from rlhf_lab.instructor import judge, judge_server
+    from rlhf_lab.instructor.grader import judge, judge_server
 
     name = f"rlhf-sandbox-{uuid.uuid4().hex}.txt"
     monkeypatch.setenv("RLHF_COURSE_DB", "postgresql://grader:secret@127.0.0.1/grades")

@@ -1,4 +1,4 @@
-"""What a sandboxed kernel leaves behind is never trusted (rlhf_lab/instructor/sandbox.py).
+"""What a sandboxed kernel leaves behind is never trusted (rlhf_lab/instructor/grader/sandbox.py).
 
 The kernel works in a scratch copy of its notebook folder, bound at the folder's path inside the
 sandbox; the real ``autograded/<student>/<assignment>/`` is never mounted or handed to the kernel's
@@ -27,7 +27,7 @@ from traitlets.config import Config
 
 from course_support import REPO, load_module
 
-sandbox = load_module(REPO / "helpers/rlhf_lab/instructor/sandbox.py", "rlhf_lab_course_sandbox")
+sandbox = load_module(REPO / "helpers/rlhf_lab/instructor/grader/sandbox.py", "rlhf_lab_course_sandbox")
 kernel_guard = sandbox._kernel_guard
 
 needs_bwrap = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
@@ -389,7 +389,7 @@ def test_an_unprivileged_grader_gets_the_same_scratch(tmp_path):
         env = {k: v for k, v in os.environ.items() if k not in ("RLHF_COURSE_DB", sandbox.NO_SANDBOX_ENV)}
         env.update(HOME=str(base / "home"), TMPDIR=str(base), JAX_PLATFORMS="cpu")
         grader = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable,
-                  "-c", UNPRIVILEGED_RUNNER, str(REPO / "helpers/rlhf_lab/instructor/sandbox.py"), json.dumps(args)]
+                  "-c", UNPRIVILEGED_RUNNER, str(REPO / "helpers/rlhf_lab/instructor/grader/sandbox.py"), json.dumps(args)]
         proc = subprocess.run(_reachable_interpreter(grader, base), capture_output=True, text=True, env=env,
                               timeout=300, cwd=str(base))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

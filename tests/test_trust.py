@@ -45,7 +45,9 @@ from course_support import (  # noqa: F401  (fixtures are used by name)
     REPO, bundled_class_run, course_template_dir, fresh_course, kill_tree, load_module, session_base,
 )
 from fixtures import hostile
-from rlhf_lab.instructor import backup, feedback_filter, integrity, kernel_guard, pipeline
+from rlhf_lab.instructor.operations import backup
+from rlhf_lab.instructor.grader import feedback_filter, integrity, kernel_guard
+from rlhf_lab.instructor.classrun import pipeline
 
 HOSTILE = REPO / "examples" / "hostile"
 CASES = hostile.load_cases(HOSTILE)
@@ -332,7 +334,7 @@ def hostile_run(tmp_path_factory):
     grader = None
     workers = int(os.environ.get("RLHF_TRUST_WORKERS", "2") or 0)
     if workers > 1:
-        from rlhf_lab.instructor import parallel
+        from rlhf_lab.instructor.classrun import parallel
 
         grader = parallel.dask_grader(workers=workers)
     started = time.perf_counter()
@@ -561,8 +563,8 @@ def test_backup_of_a_postgresql_gradebook_uses_pg_dump_and_restores(tmp_path):
 
 def test_backup_command_is_one_documented_command():
     doc = backup.__doc__
-    assert "python -m rlhf_lab.instructor.backup" in doc
-    out = subprocess.run([sys.executable, "-m", "rlhf_lab.instructor.backup", "--help"], capture_output=True,
+    assert "python -m rlhf_lab.instructor.operations.backup" in doc
+    out = subprocess.run([sys.executable, "-m", "rlhf_lab.instructor.operations.backup", "--help"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "--verify" in out.stdout and "--restore" in out.stdout
 
@@ -570,7 +572,7 @@ def test_backup_command_is_one_documented_command():
 # ==================================================== slow: the bundled class twice, killed partway
 DRIVER = textwrap.dedent("""
     import sys
-    from rlhf_lab.instructor import pipeline
+    from rlhf_lab.instructor.classrun import pipeline
     root, force, names, subs = sys.argv[1], sys.argv[2] == "force", sys.argv[3].split(","), sys.argv[4]
     def progress(run):
         print("DONE", run.student, run.assignment, run.ok, flush=True)
@@ -672,7 +674,7 @@ def test_csv_export_is_one_row_per_student_whatever_the_folder_name(tmp_path):
     newlines in a student id do not add columns or rows."""
     from nbgrader.api import Gradebook
 
-    from rlhf_lab.instructor import csv_export
+    from rlhf_lab.instructor.operations import csv_export
 
     cfg = (REPO / "nbgrader_config.py").read_text(encoding="utf-8")
     assert "c.ExportApp.plugin_class" in cfg and "csv_export.py" in cfg

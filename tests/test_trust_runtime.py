@@ -5,7 +5,7 @@ active HTML in outputs and written answers; forged gradients; answers that exhau
 The class (a correct classmate and one student per case) is graded for real, in two private
 copies of the course, through the two ways a course grades:
 
-* ``course``: the course command, :func:`rlhf_lab.instructor.pipeline.run_class` (collect ->
+* ``course``: the course command, :func:`rlhf_lab.instructor.classrun.pipeline.run_class` (collect ->
   pre-flight -> one ``nbgrader autograde`` per student, sequentially -> overrides -> feedback ->
   export), as ``tests/test_trust.py`` grades the hostile class;
 * ``bare``: what Formgrader's buttons run: ``python -m nbgrader autograde a1_ppo_objective --student
@@ -44,7 +44,7 @@ import pytest
 
 from course_support import fresh_course, own_db, session_base, write_submissions
 from fixtures import hostile_runtime as hr
-from rlhf_lab.instructor import orchestrator, pipeline
+from rlhf_lab.instructor.classrun import orchestrator, pipeline
 
 A = hr.A
 CASES, FILES = hr.build_cases()

@@ -1,4 +1,4 @@
-"""Gradients the notebook's own code cannot rewrite (rlhf_lab/instructor/trusted_runtime.py).
+"""Gradients the notebook's own code cannot rewrite (rlhf_lab/instructor/grader/trusted_runtime.py).
 
 A :class:`TrustedRuntime` is a fresh, sandboxed Python that captures ``jax.grad`` before any cell of
 the notebook runs, then runs only the answer cells the requested function needs. These tests start
@@ -18,9 +18,9 @@ import pytest
 
 from course_support import REPO, load_module
 from rlhf_lab.judging.core import GradingError, Jax
-from rlhf_lab.instructor import trusted_runtime as tr
+from rlhf_lab.instructor.grader import trusted_runtime as tr
 
-sandbox = load_module(REPO / "helpers/rlhf_lab/instructor/sandbox.py", "rlhf_lab_course_sandbox")
+sandbox = load_module(REPO / "helpers/rlhf_lab/instructor/grader/sandbox.py", "rlhf_lab_course_sandbox")
 pytestmark = [pytest.mark.slow,  # each test starts a sandboxed Python that imports JAX
               pytest.mark.skipif(sandbox.find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")]
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from rlhf_lab.instructor import release  # noqa: E402
+from rlhf_lab.instructor.operations import release  # noqa: E402
 
 
 def main(argv=None) -> int:

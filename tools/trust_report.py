@@ -31,7 +31,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package (example and hostile submissions)
 from fixtures import hostile  # noqa: E402
-from rlhf_lab.instructor import pipeline  # noqa: E402
+from rlhf_lab.instructor.classrun import pipeline  # noqa: E402
 
 
 def _md(text: str) -> str:
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
         pipeline.generate(root, pipeline.assignments(root))
         grader = None
         if args.workers:
-            from rlhf_lab.instructor import parallel
+            from rlhf_lab.instructor.classrun import parallel
 
             grader = parallel.dask_grader(workers=args.workers)
         start = time.perf_counter()

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .instructor import pipeline
+from .instructor.classrun import pipeline
 
 
 def main(argv=None) -> int:
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
                              "not graded yet (they say 'awaiting grading')")
     args = parser.parse_args(argv)
 
-    from .instructor import exchange, roster
+    from .instructor.operations import exchange, roster
 
     pipeline.ensure_venv_on_path()
     root = pipeline.course_root()
@@ -144,7 +144,7 @@ def hand_in(subs: Path, names, students, root: Path, db_url: str, ex_root: Path)
     """Release each assignment into the exchange, submit every student's folder through nbgrader
     as that student, and collect: ``submitted/`` then holds what nbgrader collected. Returns the
     problems (a student whose submission nbgrader refused is named and skipped)."""
-    from .instructor import exchange
+    from .instructor.operations import exchange
 
     exchange.ensure_exchange(path=ex_root, allow_system=ex_root.is_dir())
     wanted = set(students) if students else None

@@ -133,7 +133,7 @@ def nbgrader_command() -> list[str]:
     ``RLHF_PLAIN_NBGRADER=1``."""
     if os.environ.get("RLHF_PLAIN_NBGRADER") == "1":
         return [sys.executable, "-m", "nbgrader"]
-    return [sys.executable, str(Path(__file__).with_name("nbgrader_cli.py"))]
+    return [sys.executable, str(Path(__file__).with_name("classrun") / "nbgrader_cli.py")]
 
 
 def run_nbgrader(args: Sequence[str], root=None, db_url: str | None = None,

@@ -2,12 +2,12 @@
 
 Usage (from the course root, with the virtual environment's ``bin`` first on PATH)::
 
-    python -m rlhf_lab.instructor.parallel ASSIGNMENT                    # LocalCluster sized to the machine
-    python -m rlhf_lab.instructor.parallel ASSIGNMENT --workers 4
-    python -m rlhf_lab.instructor.parallel ASSIGNMENT --scheduler tcp://host:8786   # existing cluster
-    python -m rlhf_lab.instructor.parallel ASSIGNMENT --db postgresql://user@host/gradebook
-    python -m rlhf_lab.instructor.parallel ASSIGNMENT --sequential       # the plain loop, no Dask
-    python -m rlhf_lab.instructor.parallel ASSIGNMENT --force            # regrade everyone
+    python -m rlhf_lab.instructor.classrun.parallel ASSIGNMENT                    # LocalCluster sized to the machine
+    python -m rlhf_lab.instructor.classrun.parallel ASSIGNMENT --workers 4
+    python -m rlhf_lab.instructor.classrun.parallel ASSIGNMENT --scheduler tcp://host:8786   # existing cluster
+    python -m rlhf_lab.instructor.classrun.parallel ASSIGNMENT --db postgresql://user@host/gradebook
+    python -m rlhf_lab.instructor.classrun.parallel ASSIGNMENT --sequential       # the plain loop, no Dask
+    python -m rlhf_lab.instructor.classrun.parallel ASSIGNMENT --force            # regrade everyone
 
 Design
 ------
@@ -70,11 +70,11 @@ from typing import Callable, Sequence, TextIO
 
 # The course, the run records and the task live in the layers below; they are re-exported here
 # under the names this module has always offered.
-from .course import (  # noqa: F401
+from ..course import (  # noqa: F401
     DEFAULT_STUDENT_TIMEOUT, REPO_ROOT, Course, CourseError, db_identity, is_sqlite, normalise_db_url,
     sqlite_path, venv_bin,
 )
-from .course import nbgrader_command as nbgrader_launcher  # noqa: F401
+from ..course import nbgrader_command as nbgrader_launcher  # noqa: F401
 from .orchestrator import (  # noqa: F401
     SQLITE_BUSY_TIMEOUT, SequentialExecutor, TaskSpec, TransientGradebookError, autograde_command,
     ensure_release, failure_reason, grade_assignment, grade_with_one_retry, to_student_run, worker_db_url,
@@ -429,7 +429,7 @@ class DaskExecutor:
             on_result: Callable[[dict], None] | None = None) -> list[dict]:
         from distributed import Client
 
-        from . import judge_server
+        from ..grader import judge_server
 
         serve = judge_server.enabled() if self.judge_server is None else self.judge_server
         spec = dataclasses.replace(spec, judge_server=serve)
@@ -572,7 +572,7 @@ def grade_class(assignment: str, *, root: str | os.PathLike | None = None, db_ur
 
 def _check_course_config(course: Course, db_url: str) -> None:
     """The course's config check (nbgrader only *warns* when its config fails to load)."""
-    from .course import PipelineError, check_config
+    from ..course import PipelineError, check_config
 
     try:
         check_config(course.root, db_url)
@@ -582,7 +582,7 @@ def _check_course_config(course: Course, db_url: str) -> None:
 
 def dask_grader(*, workers: int | None = None, scheduler: str | None = None, client=None,
                 timeout: float = DEFAULT_STUDENT_TIMEOUT, stream: TextIO | None = None):
-    """A ``grader`` for :func:`rlhf_lab.instructor.pipeline.run_class` that fans out on Dask.
+    """A ``grader`` for :func:`rlhf_lab.instructor.classrun.pipeline.run_class` that fans out on Dask.
 
     ``run_class(subs, grader=dask_grader())`` runs the whole pipeline with the autograde step in
     parallel; the callable returns the pipeline's ``StudentRun`` list.
@@ -607,7 +607,7 @@ def copy_course(src_root: str | os.PathLike, dest_root: str | os.PathLike,
 
     The assignments' compile cache seeds are copied too when ``src_root`` has them (each seed
     carries its own validity key: a stale one is rebuilt, never used wrongly)."""
-    from .compile_cache import seed_dir
+    from ..grader.compile_cache import seed_dir
 
     src, dest = Path(src_root), Path(dest_root)
     dest.mkdir(parents=True, exist_ok=True)
@@ -670,7 +670,7 @@ def cheapest_assignment(root: str | os.PathLike, submissions: str | os.PathLike)
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m rlhf_lab.instructor.parallel",
+        prog="python -m rlhf_lab.instructor.classrun.parallel",
         description="Autograde every submitted student of an assignment, one real `nbgrader "
                     "autograde --student` per student, in parallel on Dask.")
     p.add_argument("assignment")

@@ -27,7 +27,7 @@ notebooks and is used by the pipeline and the tests to prove nothing leaked.
 
 Command line (re-filter HTML already produced by plain nbgrader, e.g. an old ``feedback/``)::
 
-    python -m rlhf_lab.instructor.feedback_filter --check feedback/ source/
+    python -m rlhf_lab.instructor.grader.feedback_filter --check feedback/ source/
 """
 from __future__ import annotations
 
@@ -352,9 +352,9 @@ class _Parts:
 
 
 def _safe_files():
-    """:mod:`rlhf_lab.instructor.safe_files`, imported by name (this file is also loaded by its path,
+    """:mod:`rlhf_lab.instructor.grader.safe_files`, imported by name (this file is also loaded by its path,
     outside the package, where a relative import would not work)."""
-    from rlhf_lab.instructor import safe_files
+    from rlhf_lab.instructor.grader import safe_files
 
     return safe_files
 

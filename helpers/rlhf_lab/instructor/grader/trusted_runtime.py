@@ -363,7 +363,7 @@ def _sandbox():
 
 
 def _wire_source() -> str:
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "judging", "wire.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "judging", "wire.py")
     with open(path, encoding="utf-8") as handle:
         return handle.read()
 

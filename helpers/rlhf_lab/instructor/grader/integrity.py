@@ -1,10 +1,10 @@
 """Pre-flight integrity checks of submitted files, run BEFORE ``nbgrader autograde``.
 
-Hidden tests are decided outside the student's kernel by the judge (:mod:`rlhf_lab.instructor.judge`,
+Hidden tests are decided outside the student's kernel by the judge (:mod:`rlhf_lab.instructor.grader.judge`,
 checks in :mod:`rlhf_lab.judging`) from the values the student's functions return on inputs the
 kernel cannot predict, and every kernel runs under bubblewrap with only the student's folder and a
-library build without the functions the notebook asks for (:mod:`rlhf_lab.instructor.sandbox`,
-:mod:`rlhf_lab.instructor.library_build`). Nothing a student cell does inside its kernel can change
+library build without the functions the notebook asks for (:mod:`rlhf_lab.instructor.grader.sandbox`,
+:mod:`rlhf_lab.instructor.grader.library_build`). Nothing a student cell does inside its kernel can change
 a grade, so this module reads what the code does only to report it for review (the ``library-copy``,
 ``rebinding`` and ``introspection`` rows below). It checks the submitted *files*: every
 ``submitted/<student>/<assignment>/`` folder against ``release/<assignment>/``. nbgrader restores
@@ -84,7 +84,7 @@ reports). A repaired notebook is rewritten in place and its original kept as
 ``integrity/quarantine/<student>/<assignment>/<notebook>.before-repair``.
 
 Grading without the sandbox (``RLHF_NO_SANDBOX=1`` / ``--no-sandbox``) prints that grades are not
-protected (:mod:`rlhf_lab.instructor.sandbox`); this pre-flight does not pretend to make up for it.
+protected (:mod:`rlhf_lab.instructor.grader.sandbox`); this pre-flight does not pretend to make up for it.
 
 A withheld cell gets ``manual_score = 0`` in the gradebook (nbgrader's own override; the
 autograder's ``auto_score`` is kept, so an instructor who clears the override in formgrader
@@ -95,7 +95,7 @@ notebook's answer cells, which nbgrader shows in the feedback. Everything is als
 
 Command line::
 
-    python -m rlhf_lab.instructor.integrity ASSIGNMENT [--student ID ...] [--no-quarantine] [--json PATH]
+    python -m rlhf_lab.instructor.grader.integrity ASSIGNMENT [--student ID ...] [--no-quarantine] [--json PATH]
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ from typing import Iterable
 import nbformat
 
 from . import safe_files
-from .course import COURSE_ID, Course, course_root, default_db_url, ensure_venv_on_path
+from ..course import COURSE_ID, Course, course_root, default_db_url, ensure_venv_on_path
 
 BLOCK = "block"
 WARN = "warn"
@@ -833,7 +833,7 @@ _FINGERPRINTS: list = []  # [fingerprints of the installed library], computed on
 
 def _library_copies(nb) -> list:
     """Answer-cell functions that are a library function up to names (text only; nothing runs):
-    :func:`rlhf_lab.instructor.library_build.suspicious_copies`, with the library read once."""
+    :func:`rlhf_lab.instructor.grader.library_build.suspicious_copies`, with the library read once."""
     import ast
 
     from . import library_build as lb

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
 from . import records
-from .course import (DEFAULT_STUDENT_TIMEOUT, CommandRun, Course, CourseError, is_sqlite, log_lines,
+from ..course import (DEFAULT_STUDENT_TIMEOUT, CommandRun, Course, CourseError, is_sqlite, log_lines,
                      nbgrader_command)
 
 SQLITE_BUSY_TIMEOUT = 300.0  # seconds a SQLite writer waits for the lock before giving up
@@ -238,7 +238,7 @@ def grade_submission(spec: TaskSpec, student: str) -> dict:
     cmd = _pdeathsig_prefix() + autograde_command(assignment, student, spec.db_url, spec.force)
     extra_env = None
     if spec.judge_server:
-        from . import judge_server
+        from ..grader import judge_server
 
         extra_env = judge_server.child_env()
     returncode: int | None = None
@@ -317,7 +317,7 @@ class SequentialExecutor:
 
     def run(self, spec: TaskSpec, students: Sequence[str],
             on_result: Callable[[dict], None] | None = None) -> list[dict]:
-        from . import judge_server
+        from ..grader import judge_server
 
         serve = judge_server.enabled() if self.judge_server is None else self.judge_server
         spec = dataclasses.replace(spec, judge_server=serve)
@@ -354,7 +354,7 @@ def ensure_release(course: Course, assignment: str) -> None:
 
 def ensure_compile_cache(course: Course, assignments: Iterable[str], stream: TextIO | None = None) -> None:
     """Build or reuse each assignment's trusted JAX compilation cache seed (see :mod:`.compile_cache`)."""
-    from . import compile_cache as cc
+    from ..grader import compile_cache as cc
 
     for assignment in assignments:
         seed = cc.ensure_seed(course.root, assignment)
@@ -388,7 +388,7 @@ def grade_assignment(course: Course, assignment: str, students: Sequence[str], e
     run (for example those whose last run did not finish). After grading, the points of blocked
     cells are withheld (:func:`.integrity.apply_overrides`).
     """
-    from . import integrity
+    from ..grader import integrity
 
     executor = executor or SequentialExecutor()
     spec = make_spec(course, assignment, timeout)

@@ -657,7 +657,7 @@ class SandboxedKernelManager(LimitedKernelManager):
         "", help="The notebook this kernel runs (set by kernel_guard.Execute); selects the library build.",
     )
     judged = Bool(
-        False, help="Set by the judge (rlhf_lab.instructor.judge) when it decides this notebook's test cells "
+        False, help="Set by the judge (rlhf_lab.instructor.grader.judge) when it decides this notebook's test cells "
                     "outside the kernel: then nothing grades inside it and 'auto' always strips.",
     )
 
@@ -841,7 +841,7 @@ def _grades_in_kernel(root: Path, assignment: str, notebook: str | None) -> bool
 
 
 def main(argv=None) -> int:
-    """``python -m rlhf_lab.instructor.sandbox``: say whether grading kernels can be sandboxed here."""
+    """``python -m rlhf_lab.instructor.grader.sandbox``: say whether grading kernels can be sandboxed here."""
     import argparse
 
     argparse.ArgumentParser(description="Check that the grading sandbox (bubblewrap) works on this machine.") \

@@ -1,4 +1,4 @@
-"""``python .../rlhf_lab/instructor/nbgrader_cli.py ARGS``: nbgrader's own command line, started faster.
+"""``python .../rlhf_lab/instructor/classrun/nbgrader_cli.py ARGS``: nbgrader's own command line, started faster.
 
 This runs exactly the app of ``python -m nbgrader`` (:func:`nbgrader.apps.nbgraderapp.main`), with
 two start-up costs removed from every nbgrader process (one per autograded student):

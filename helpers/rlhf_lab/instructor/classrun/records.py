@@ -23,8 +23,8 @@ import socket
 import tempfile
 import urllib.parse
 
-from . import safe_files
-from .course import COURSE_ID, Course, db_identity, ensure_venv_on_path
+from ..grader import safe_files
+from ..course import COURSE_ID, Course, db_identity, ensure_venv_on_path
 
 RUNS_DIRNAME = ".autograde_runs"
 

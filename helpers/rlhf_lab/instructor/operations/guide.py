@@ -15,8 +15,8 @@ notebook order:
 
 Command line (``make guides``; a test proves the committed guides are in sync with ``source/``)::
 
-    python -m rlhf_lab.instructor.guide            # rewrite guides/*.md
-    python -m rlhf_lab.instructor.guide --check    # exit 1 and list what is stale
+    python -m rlhf_lab.instructor.operations.guide            # rewrite guides/*.md
+    python -m rlhf_lab.instructor.operations.guide --check    # exit 1 and list what is stale
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import sys
 
 import nbformat
 
-from .course import course_root, graded_assignments
+from ..course import course_root, graded_assignments
 
 GUIDES_DIR = "guides"
 _SOLUTION = re.compile(r"^\s*###\s*(BEGIN|END) SOLUTION\s*$")
@@ -123,7 +123,7 @@ def render_guide(assignment: str, entries: list) -> str:
     """The Markdown text of the grader's guide of ``assignment`` (deterministic)."""
     total = sum(e.points for e in entries)
     lines = [f"# Grader's guide: {assignment}", "",
-             f"Generated from `source/{assignment}/` by `python -m rlhf_lab.instructor.guide`; do not edit by hand.",
+             f"Generated from `source/{assignment}/` by `python -m rlhf_lab.instructor.operations.guide`; do not edit by hand.",
              f"{len(entries)} hand-graded cells, {total:g} points. Open it beside Formgrader (Manual Grading): "
              "each section is headed by the notebook and the `grade_id` Formgrader shows above the answer.",
              ""]
@@ -174,14 +174,14 @@ def guides_diff(root=None) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlhf_lab.instructor.guide",
+    parser = argparse.ArgumentParser(prog="python -m rlhf_lab.instructor.operations.guide",
                                      description="Write the grader's guides (guides/<assignment>.md) from source/.")
     parser.add_argument("--check", action="store_true", help="only report guides that are out of date")
     args = parser.parse_args(argv)
     if args.check:
         stale = guides_diff()
         for rel in stale:
-            print(f"out of date: {rel} (run python -m rlhf_lab.instructor.guide)")
+            print(f"out of date: {rel} (run python -m rlhf_lab.instructor.operations.guide)")
         return 1 if stale else 0
     for rel in write_guides():
         print(f"wrote {rel}")

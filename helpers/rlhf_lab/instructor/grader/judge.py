@@ -545,7 +545,7 @@ class JudgeCells:
         try:
             client = self._client_for_judge(timeout)  # start-up: not counted against the student
             deadline = time.monotonic() + timeout
-            from rlhf_lab.instructor import trusted_runtime  # gradients where the notebook's other code never ran
+            from rlhf_lab.instructor.grader import trusted_runtime  # gradients where the notebook's other code never ran
 
             student = RemoteStudent(client, spec, timeout, interrupt=self._interrupt_for_judge, deadline=deadline,
                                     trusted=trusted_runtime.for_cell(self, index, timeout, judged_check))

@@ -43,13 +43,13 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from . import records
-from .course import (  # noqa: F401  (re-exported: the pipeline's names since the start)
+from ..course import (  # noqa: F401  (re-exported: the pipeline's names since the start)
     COURSE_ID, DEFAULT_STUDENT_TIMEOUT, REPO_ROOT, CommandRun, Course, PipelineError, as_course, assignments,
     check_config, course_root, default_db_url, ensure_venv_on_path, graded_assignments, is_grade_cell,
     nbgrader_command, nbgrader_env, notebooks, run_nbgrader, submitted_students, venv_bin,
 )
-from .course import kill_group as _kill_group  # noqa: F401
-from .course import log_lines as _log_lines  # noqa: F401
+from ..course import kill_group as _kill_group  # noqa: F401
+from ..course import log_lines as _log_lines  # noqa: F401
 from .orchestrator import (  # noqa: F401
     SequentialExecutor, StudentRun, grade_assignment, grade_with_one_retry, make_spec, to_student_run,
 )
@@ -185,7 +185,7 @@ def collect(submissions_dir: str | os.PathLike, root=None, names: Iterable[str] 
 
 def _collect_one(adir: Path, dest: Path, refused: list) -> None:
     """Copy one submission folder into ``dest`` (merged into an existing copy when ``clean`` was off)."""
-    from . import safe_files
+    from ..grader import safe_files
 
     ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
     if not os.path.lexists(dest):
@@ -317,7 +317,7 @@ def check_written_feedback(assignment: str, root=None, remove: bool = True) -> d
     lines of the instructor's answers only when they appear in an output (a student's own answer
     may equal the instructor's): see :func:`.feedback_filter.leaked_lines`.
     """
-    from . import feedback_filter
+    from ..grader import feedback_filter
 
     root = course_root(root)
     pages = sorted((root / "feedback").glob(f"*/{assignment}/*.html"))
@@ -718,6 +718,6 @@ class _GraderExecutor:
 
 
 def _empty_report(assignment: str):
-    from . import integrity
+    from ..grader import integrity
 
     return integrity.IntegrityReport(assignment, [], [])

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import nbformat
 
-from .authoring import normalised_text
-from .pipeline import PipelineError, assignments, copy_course, course_root, generate
+from ..authoring import normalised_text
+from ..classrun.pipeline import PipelineError, assignments, copy_course, course_root, generate
 
 DELIMITERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS",
               "### END HIDDEN TESTS", "BEGIN MARK SCHEME", "END MARK SCHEME")

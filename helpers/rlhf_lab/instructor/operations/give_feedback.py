@@ -1,4 +1,4 @@
-"""``python -m rlhf_lab.instructor.give_feedback ASSIGNMENT``: write feedback and return it to students.
+"""``python -m rlhf_lab.instructor.operations.give_feedback ASSIGNMENT``: write feedback and return it to students.
 
 Runs ``nbgrader generate_feedback`` (the course's filters: no hidden test, "awaiting grading"
 instead of 0) and ``nbgrader release_feedback`` into the exchange, for every student of the
@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import exchange, pipeline
-from .course import PipelineError, ensure_venv_on_path, graded_assignments
+from . import exchange
+from ..classrun import pipeline
+from ..course import PipelineError, ensure_venv_on_path, graded_assignments
 
 
 def give_feedback(assignment: str, root=None, db_url: str | None = None, release_pending: bool = False,
@@ -40,7 +41,7 @@ def give_feedback(assignment: str, root=None, db_url: str | None = None, release
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlhf_lab.instructor.give_feedback",
+    parser = argparse.ArgumentParser(prog="python -m rlhf_lab.instructor.operations.give_feedback",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("assignment")
     parser.add_argument("--release-pending", action="store_true",

@@ -894,7 +894,7 @@ def suspicious_copies(notebook, library_dir=None) -> list[Finding]:
 
 
 def main(argv=None) -> int:
-    """``python -m rlhf_lab.instructor.library_build NOTEBOOK...``: print suspicious copies."""
+    """``python -m rlhf_lab.instructor.grader.library_build NOTEBOOK...``: print suspicious copies."""
     import argparse
 
     ap = argparse.ArgumentParser(description="Report answer cells that copy a library function.")

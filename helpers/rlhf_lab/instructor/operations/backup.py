@@ -2,10 +2,10 @@
 
 One command (from the repository root)::
 
-    .venv/bin/python -m rlhf_lab.instructor.backup                 # -> backups/<UTC time>/
-    .venv/bin/python -m rlhf_lab.instructor.backup --out DIR --db postgresql://user@host/grades
-    .venv/bin/python -m rlhf_lab.instructor.backup --verify backups/<UTC time>
-    .venv/bin/python -m rlhf_lab.instructor.backup --restore backups/<UTC time>   # SQLite / PostgreSQL
+    .venv/bin/python -m rlhf_lab.instructor.operations.backup                 # -> backups/<UTC time>/
+    .venv/bin/python -m rlhf_lab.instructor.operations.backup --out DIR --db postgresql://user@host/grades
+    .venv/bin/python -m rlhf_lab.instructor.operations.backup --verify backups/<UTC time>
+    .venv/bin/python -m rlhf_lab.instructor.operations.backup --restore backups/<UTC time>   # SQLite / PostgreSQL
 
 It writes one folder per run:
 
@@ -52,7 +52,7 @@ CELL_COLUMNS = [
 
 def _pipeline():
     """The course layer (root, gradebook URL, course id); named for the module that used to hold them."""
-    from . import course
+    from .. import course
 
     return course
 
@@ -125,7 +125,7 @@ def _pg_tool(name: str) -> str | None:
 def sqlalchemy_url(db_url: str) -> str:
     """``postgresql://`` -> ``postgresql+psycopg2://`` when psycopg 3 is absent (see
     :func:`.course.normalise_db_url`, the one place that decides it)."""
-    from .course import normalise_db_url
+    from ..course import normalise_db_url
 
     return normalise_db_url(db_url)
 
@@ -179,7 +179,7 @@ def _autograded_index(root: Path, student: str, assignment: str, notebook: str, 
     """
     import nbformat
 
-    from . import safe_files
+    from ..grader import safe_files
 
     key = (student, assignment, notebook)
     if key not in cache:
@@ -297,7 +297,7 @@ def backup(root=None, db_url: str | None = None, out: str | os.PathLike | None =
         snap = snapshot_postgres(db_url, folder / "gradebook.pgdump")
         read_url = db_url  # pg_dump is consistent; the CSVs come from the same server
     export_assignment_csv(read_url, pipeline.COURSE_ID, folder / "grades.csv")
-    from . import safe_files
+    from ..grader import safe_files
 
     safe_files.add_course_root(root)
     refused: list = []

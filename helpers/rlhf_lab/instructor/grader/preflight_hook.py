@@ -10,7 +10,7 @@ points on every path.
 
 Per submission ``submitted/<student>/<assignment>/``:
 
-* **before conversion** (:meth:`PreflightHooks.pre`): :func:`rlhf_lab.instructor.integrity.preflight`
+* **before conversion** (:meth:`PreflightHooks.pre`): :func:`rlhf_lab.instructor.grader.integrity.preflight`
   checks that one folder against ``release/<assignment>/`` and moves what must not run (a broken
   notebook, a notebook of the other assignment, a ``numpy.py`` that would shadow NumPy, a symbolic
   link) to ``integrity/quarantine/``. The converter's ``notebooks`` list is the list nbgrader goes
@@ -19,7 +19,7 @@ Per submission ``submitted/<student>/<assignment>/``:
   student's findings replace their earlier ones in ``integrity/<assignment>.json`` (the other
   students' are kept; a file lock serialises parallel graders).
 * **after conversion** (:meth:`PreflightHooks.post`), once nbgrader's ``SaveAutoGrades`` has
-  written the auto scores: :func:`rlhf_lab.instructor.integrity.apply_overrides` withholds the
+  written the auto scores: :func:`rlhf_lab.instructor.grader.integrity.apply_overrides` withholds the
   points of every cell a blocking finding names (``manual_score = 0``, notebook flagged, reason in
   the comment).
 
@@ -35,7 +35,7 @@ stopped the same way.
 
 Planted files (links, FIFOs, sockets, devices, hard links, oversized or sparse files) are never
 followed, opened or copied by nbgrader either; ``nbgrader_config.py`` installs, from this module
-(:mod:`rlhf_lab.instructor.safe_files` does the checking):
+(:mod:`rlhf_lab.instructor.grader.safe_files` does the checking):
 
 * :meth:`PreflightHooks.feedback_pre` as ``GenerateFeedback``'s ``pre_convert_hook``: before
   ``autograded/<student>/<assignment>/`` is rendered and its extra files copied into
@@ -82,17 +82,17 @@ def _log() -> logging.Logger:
 
 
 def _integrity():
-    """:mod:`rlhf_lab.instructor.integrity`, imported by name (this file may be loaded by its path,
+    """:mod:`rlhf_lab.instructor.grader.integrity`, imported by name (this file may be loaded by its path,
     outside the package, so a relative import would not work)."""
-    from rlhf_lab.instructor import integrity
+    from rlhf_lab.instructor.grader import integrity
 
     return integrity
 
 
 def _safe_files():
-    """:mod:`rlhf_lab.instructor.safe_files`, imported by name like :func:`_integrity` (one module
+    """:mod:`rlhf_lab.instructor.grader.safe_files`, imported by name like :func:`_integrity` (one module
     object for the pre-flight and these hooks, so the course roots it knows are the same)."""
-    from rlhf_lab.instructor import safe_files
+    from rlhf_lab.instructor.grader import safe_files
 
     return safe_files
 
@@ -230,7 +230,7 @@ class PreflightHooks:
             done = integrity.apply_overrides(report, self.root, self.db_url)
         except Exception:
             log.error("integrity overrides of %s/%s failed: withheld points are NOT applied; run "
-                      "`python -m rlhf_lab.instructor.integrity %s --student %s` and grade again",
+                      "`python -m rlhf_lab.instructor.grader.integrity %s --student %s` and grade again",
                       s, a, a, s, exc_info=True)
             raise
         if done:

@@ -290,10 +290,10 @@ def seed_for_notebook_dir(root: str | os.PathLike, notebook_dir: str | os.PathLi
 
 
 def main(argv=None) -> int:
-    """``python -m rlhf_lab.instructor.compile_cache [--root R] [--force] [ASSIGNMENT ...]``."""
+    """``python -m rlhf_lab.instructor.grader.compile_cache [--root R] [--force] [ASSIGNMENT ...]``."""
     import argparse
 
-    from .course import course_root, graded_assignments
+    from ..course import course_root, graded_assignments
 
     ap = argparse.ArgumentParser(description="Build the trusted JAX compilation cache seeds of the course.")
     ap.add_argument("assignments", nargs="*")

@@ -11,20 +11,20 @@ nbgrader moves assignments between instructor and students through an *exchange*
 The exchange of this course is ``<course root>/exchange`` unless ``$RLHF_EXCHANGE`` names another
 folder (``nbgrader_config.py`` reads the same variable, so the command line, Formgrader and the
 students' Assignment List all agree). :func:`ensure_exchange` (``python -m
-rlhf_lab.instructor.exchange init``, ``make exchange``) creates it with mode ``drwxrwxrwx``, the
+rlhf_lab.instructor.operations.exchange init``, ``make exchange``) creates it with mode ``drwxrwxrwx``, the
 mode nbgrader checks, and refuses system folders (``/usr``, ``/etc``, ``/var`` ...) unless told
 ``--allow-system``: nbgrader's own default, ``/usr/local/share/nbgrader/exchange``, is never used
 by accident.
 
-Every function runs nbgrader's own command (:func:`rlhf_lab.instructor.pipeline.run_nbgrader`)
-and returns its :class:`~rlhf_lab.instructor.pipeline.CommandRun`; :func:`submit_as` submits a
+Every function runs nbgrader's own command (:func:`rlhf_lab.instructor.classrun.pipeline.run_nbgrader`)
+and returns its :class:`~rlhf_lab.instructor.classrun.pipeline.CommandRun`; :func:`submit_as` submits a
 folder as a given student (``nbgrader submit --student``), with a private nbgrader cache per
 student, which is how the demo hands in the bundled class.
 
 Command line::
 
-    python -m rlhf_lab.instructor.exchange init [--path DIR] [--allow-system]
-    python -m rlhf_lab.instructor.exchange where
+    python -m rlhf_lab.instructor.operations.exchange init [--path DIR] [--allow-system]
+    python -m rlhf_lab.instructor.operations.exchange where
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import stat
 import sys
 from pathlib import Path
 
-from .pipeline import COURSE_ID, CommandRun, PipelineError, course_root, run_nbgrader
+from ..classrun.pipeline import COURSE_ID, CommandRun, PipelineError, course_root, run_nbgrader
 
 ENV_VAR = "RLHF_EXCHANGE"
 #: The mode nbgrader's ``release_assignment`` expects of the exchange root (it changes any other).
@@ -208,7 +208,7 @@ def unsafe_feedback(assignment: str, root=None) -> dict:
     released, because it (or the student's folder) is a link, or it holds a link, a FIFO, a socket,
     a device, a hard link or an oversized file (:func:`.safe_files.check_no_links`). Nothing is
     followed or opened to find out."""
-    from . import safe_files
+    from ..grader import safe_files
 
     _check_name("assignment", assignment)
     base = course_root(root) / "feedback"
@@ -299,7 +299,7 @@ def _ok(run: CommandRun, what: str) -> CommandRun:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlhf_lab.instructor.exchange",
+    parser = argparse.ArgumentParser(prog="python -m rlhf_lab.instructor.operations.exchange",
                                      description="Create or locate the course's nbgrader exchange.")
     sub = parser.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="create the exchange folder with the permissions nbgrader expects")

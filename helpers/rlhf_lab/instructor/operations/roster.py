@@ -24,8 +24,8 @@ each student; re-importing is safe).
 
 Command line::
 
-    python -m rlhf_lab.instructor.roster [ROSTER.csv]      # check and import (default: the course roster)
-    python -m rlhf_lab.instructor.roster --check ROSTER.csv
+    python -m rlhf_lab.instructor.operations.roster [ROSTER.csv]      # check and import (default: the course roster)
+    python -m rlhf_lab.instructor.operations.roster --check ROSTER.csv
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
-from .pipeline import COURSE_ID, CommandRun, PipelineError, course_root, default_db_url, ensure_venv_on_path, run_nbgrader
+from ..classrun.pipeline import COURSE_ID, CommandRun, PipelineError, course_root, default_db_url, ensure_venv_on_path, run_nbgrader
 
 COLUMNS = ("id", "first_name", "last_name", "email", "lms_user_id")
 ENV_VAR = "RLHF_ROSTER"
@@ -164,7 +164,7 @@ def gradebook_students(root=None, db_url: str | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlhf_lab.instructor.roster",
+    parser = argparse.ArgumentParser(prog="python -m rlhf_lab.instructor.operations.roster",
                                      description="Check a roster CSV and import it into the gradebook.")
     parser.add_argument("roster", nargs="?", type=Path, help="CSV file (default $RLHF_ROSTER, roster.csv "
                                                             "or examples/roster.csv)")
