@@ -236,7 +236,7 @@ def test_lint_finding_names_notebook_cell_and_rule():
     f = authoring.Finding("source/a/01.ipynb", "test_x", "points", "graded cell has points 0")
     assert str(f) == "source/a/01.ipynb [test_x] points: graded cell has points 0"
     assert set(authoring.RULES) >= {"clean", "cell-id", "start-cell", "grade-id", "points", "points-table",
-                                     "test-cell", "cell-kind", "answer-read"}
+                                     "test-cell", "cell-kind", "answer-read", "task-points"}
 
 
 def test_pairs_detect_an_edit_on_either_side(tmp_path):
@@ -284,3 +284,36 @@ def test_every_answer_cell_of_the_course_is_read_by_a_check():
             m = cell.metadata.get("nbgrader", {})
             if cell.cell_type == "code" and m.get("solution") and not m.get("grade"):
                 assert index in read, f"{path.name}: {m['grade_id']}"
+
+
+def test_lint_names_a_task_heading_whose_points_disagree_with_the_metadata():
+    """The text said 3 points, the metadata 4: the heading's cell is named with both numbers."""
+    nb = _course_nb("source/a1_ppo_objective/01_clipped_objective.ipynb")
+    assert [f for f in _lint_one(nb) if f.rule == "task-points"] == []
+    heading = next(c for c in nb.cells if c.cell_type == "markdown" and "### Task 1.2:" in c.source)
+    heading.source = heading.source.replace("(3 points)", "(4 points)")
+    found = [f for f in _lint_one(nb) if f.rule == "task-points"]
+    assert [f.cell_id for f in found] == [heading.id] and "Task 1.2" in found[0].message, found
+    assert "4 points" in found[0].message and "add up to 3" in found[0].message
+
+
+def test_make_release_stops_on_a_lint_error_and_releases_nothing(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    course = tmp_path / "course"
+    for part in ("source", "release", "nbgrader_config.py"):
+        src = ROOT / part
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, course / part)
+    path = course / "source" / "a1_ppo_objective" / "01_clipped_objective.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    heading = next(c for c in nb.cells if c.cell_type == "markdown" and "### Task 1.2:" in c.source)
+    heading.source = heading.source.replace("(3 points)", "(4 points)")
+    nbformat.write(nb, path)
+    before = {p: p.read_bytes() for p in (course / "release").rglob("*") if p.is_file()}
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "make_release.py"), "--root", str(course)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "task-points" in out.stdout and "nothing released" in out.stdout, out.stdout
+    assert {p: p.read_bytes() for p in (course / "release").rglob("*") if p.is_file()} == before

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Regenerate ``release/`` from ``source/`` with ``nbgrader generate_assignment`` (``make release``).
 
-    .venv/bin/python tools/make_release.py            # rewrite release/ for every assignment
+    .venv/bin/python tools/make_release.py            # lint source/, then rewrite release/ for every assignment
     .venv/bin/python tools/make_release.py --check    # exit 1 if release/ is stale or leaks
 
-The course's gradebook is never touched (a throwaway one is used), and nbgrader runs with this
+Nothing is released while ``source/`` breaks a lint rule (a task heading whose points disagree with
+the metadata, say): the problems are printed and the command exits 1. The course's gradebook is never touched (a throwaway one is used), and nbgrader runs with this
 interpreter's ``bin`` first on PATH (it shells out to ``alembic``).
 """
 import argparse
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from rlhf_lab.instructor import authoring  # noqa: E402
 from rlhf_lab.instructor.operations import release  # noqa: E402
 
 
@@ -35,6 +37,12 @@ def main(argv=None) -> int:
             return 1
         print("release/ is in sync with source/ and holds no instructor-only text")
         return 0
+    findings = authoring.lint(args.root)
+    if findings:
+        for f in findings:
+            print(f)
+        print(f"{len(findings)} problem(s) in source/: nothing released (fix them, then run this again)")
+        return 1
     names = release.make_release(args.root)
     print(f"regenerated release/ for {', '.join(names) or 'no assignment'}")
     leaked = release.leaks(args.root)

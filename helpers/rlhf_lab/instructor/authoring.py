@@ -69,6 +69,9 @@ RULES = {
     "cell-kind": "every cell is one of the course's kinds: locked text, locked given code, an answer "
                  "(solution region), a locked test, a written answer (graded markdown with a rubric) or a "
                  "free Predict cell",
+    "task-points": "the points a task heading states (`### Task 1.1: ... (6 points)`, also `Tasks 2.8 to 2.12 "
+                   "(5 points ...)`) equal the points of the graded cells below it, up to the next task heading "
+                   "(headings in one cell count together)",
     "answer-read": "every answer cell is read by the hidden check of a test cell below it (the check's "
                    "`needs` reach the cell through the names it defines); an answer nothing reads cannot be "
                    "graded: make it given code or add a check",
@@ -378,6 +381,33 @@ def lint_notebook(name: str, nb, assignment_totals: tuple[float, float] | None =
             found += _lint_kind(name, cell)
     found += _lint_points(name, nb, assignment_totals)
     found += _lint_answers_read(name, nb)
+    found += _lint_task_points(name, nb)
+    return found
+
+
+_TASK_HEADING = re.compile(r"^#{1,6} .*?\bTasks? (\d[\d.]*)(?: to (\d[\d.]*))?\b[^(\n]*\((\d+(?:\.\d+)?) points?",
+                           re.MULTILINE)
+
+
+def _lint_task_points(name: str, nb) -> list[Finding]:
+    """Each group of task headings (the headings of one markdown cell) states the points of the graded
+    cells that follow it, up to the next cell with a task heading."""
+    found, group = [], None  # group: [cell id, labels, stated points, points of the cells below]
+
+    def close(g):
+        if g is not None and g[2] != g[3]:
+            found.append(Finding(name, g[0], "task-points", f"{' and '.join(g[1])} state(s) {g[2]:g} points; the "
+                                 f"graded cells below add up to {g[3]:g}"))
+
+    for cell in nb.cells:
+        heads = list(_TASK_HEADING.finditer(cell.source)) if cell.cell_type == "markdown" else []
+        if heads:
+            close(group)
+            labels = [f"Task {h.group(1)}" + (f" to {h.group(2)}" if h.group(2) else "") for h in heads]
+            group = [cell.get("id", "?"), labels, float(sum(float(h.group(3)) for h in heads)), 0.0]
+        if _nbg(cell).get("grade") and group is not None:
+            group[3] += float(_nbg(cell).get("points") or 0)
+    close(group)
     return found
 
 
