@@ -62,6 +62,42 @@ def test_canvas_zip_is_collected_per_roster_student_with_late_and_reupload_names
     assert "Canvas user 99999 (strangerzed) is not in the roster" in run.output
 
 
+def test_every_upload_of_a_notebook_in_one_download_collects_the_latest_and_reports_the_rest(course):
+    """Canvas keeps a student's original and re-uploads (``-1``, ``-2``) in one download, a browser saves
+    a second copy as ``(1)``: the highest number is collected, every other upload is named as skipped,
+    and the rest of the class is collected too (stock zip_collect stops on "Duplicate submission file")."""
+    first, second = NOTEBOOKS
+    files = {
+        f"okaforada_40101_900001_{first}.ipynb": _submission("ben_unchanged", first),       # original
+        f"okaforada_40101_900001_{first}-1.ipynb": _submission("ben_unchanged", first),     # re-upload 1
+        f"okaforada_late_40101_900001_{first}-2.ipynb": _submission("ada_correct", first),  # latest, late
+        f"okaforada_40101_900001_{second}.ipynb": _submission("ada_correct", second),
+        f"moreauben_40102_900002_{first}.ipynb": _submission("ben_unchanged", first),
+        f"moreauben_40102_900002_{second}.ipynb": _submission("ada_correct", second),
+        f"moreauben_40102_900002_{second} (1).ipynb": _submission("ben_unchanged", second),  # browser copy
+    }
+    run = _zip_collect(course, files, "submissions.zip")
+    assert run.ok, run.output[-3000:]
+    assert "Duplicate submission file" not in run.output
+    sub = course / "submitted"
+    for nb in NOTEBOOKS:
+        assert (sub / "ada_correct" / A / f"{nb}.ipynb").read_bytes() == _submission("ada_correct", nb)
+        assert (sub / "ben_unchanged" / A / f"{nb}.ipynb").read_bytes() == _submission("ben_unchanged", nb)
+    assert not list(sub.rglob("*-1.ipynb")) and not list(sub.rglob("* (1).ipynb"))
+    assert f"okaforada_40101_900001_{first}.ipynb: an earlier upload of {first}.ipynb by ada_correct" in run.output
+    assert f"okaforada_40101_900001_{first}-1.ipynb: an earlier upload" in run.output
+    assert f"moreauben_40102_900002_{second}.ipynb: an earlier upload of {second}.ipynb by ben_unchanged" in run.output
+
+
+def test_upload_numbers_come_from_the_lms_suffix_of_a_released_name():
+    released = {"01_losses.ipynb"}
+    assert lms.upload_rank("01_losses.ipynb", released) == ("01_losses.ipynb", 0)
+    assert lms.upload_rank("01_losses-3.ipynb", released) == ("01_losses.ipynb", 3)
+    assert lms.upload_rank("01_losses (2).ipynb", released) == ("01_losses.ipynb", 2)
+    assert lms.upload_rank("01_other (2).ipynb", released) == ("01_other (2).ipynb", 0)
+    assert lms.upload_rank("01_losses (2).ipynb", set()) == ("01_losses (2).ipynb", 0)
+
+
 def test_moodle_zip_in_folders_and_flat_is_collected_by_full_name(course):
     first, second = NOTEBOOKS
     files = {

@@ -25,7 +25,10 @@ by the full name shown in Moodle and a participant id that is not stable across 
 the name is matched (case, accents and repeated spaces ignored). A file that matches neither
 convention, or a student missing from the roster, is skipped with a warning that names the file
 and the reason; the other students are collected. The notebook name is the file name after the
-LMS prefix, with a Canvas re-upload suffix removed when that gives a released notebook.
+LMS prefix, with a re-upload or copy suffix (Canvas's ``-1``, a browser's `` (1)``) removed when that
+gives a released notebook. When a student uploaded one notebook more than once, the latest upload
+(the highest suffix) is collected and each earlier one is reported as skipped; nbgrader's own
+``zip_collect`` would stop the whole collection ("Duplicate submission file").
 
 What a student controls is never an identity:
 
@@ -75,7 +78,8 @@ MOODLE_REGEXP = (r"^(?P<full_name>[^/_]+)_(?P<participant_id>\d+)_assignsubmissi
                  r"(?:/|(?=[^/]+$))(?P<file_id>[^/]+)$")
 LMS_REGEXPS = {"canvas": CANVAS_REGEXP, "moodle": MOODLE_REGEXP}
 ROSTER_COLUMNS = ("id", "first_name", "last_name", "email", "lms_user_id")
-_REUPLOAD = re.compile(r"^(?P<stem>.+)-(?P<n>\d+)(?P<ext>\.[A-Za-z0-9]+)$")
+#: Canvas re-upload (``01_losses-1.ipynb``) and browser/Moodle copy (``01_losses (1).ipynb``) suffixes.
+_REUPLOAD = re.compile(r"^(?P<stem>.+?)(?:-(?P<n>\d+)| \((?P<copy>\d+)\))(?P<ext>\.[A-Za-z0-9]+)$")
 MiB = 1024 * 1024
 #: Names that look like an archive, reported when a download holds one (it is never expanded by default).
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".7z", ".rar")
@@ -137,15 +141,26 @@ def parse_lms_filename(path: str) -> Optional[dict]:
     return None
 
 
-def released_name(file_id: str, released: set) -> str:
-    """``file_id`` with a Canvas re-upload suffix (``01_losses-1.ipynb``) removed when that names a
-    released notebook; otherwise unchanged."""
-    if file_id in released:
-        return file_id
+def upload_rank(file_id: str, released: set) -> tuple[str, int]:
+    """``(notebook name, upload number)`` of an LMS file name.
+
+    A Canvas re-upload (``01_losses-2.ipynb``) or a browser's copy suffix (``01_losses (1).ipynb``,
+    as Moodle keeps it) names the released notebook it copies, numbered by its suffix; the original
+    name is upload 0. A name that is released as it is, or whose stem is not a released notebook, is
+    itself with number 0 (with ``released`` empty every name counts as released).
+    """
+    if not released or file_id in released:
+        return file_id, 0
     match = _REUPLOAD.match(file_id)
     if match and match.group("stem") + match.group("ext") in released:
-        return match.group("stem") + match.group("ext")
-    return file_id
+        return match.group("stem") + match.group("ext"), int(match.group("n") or match.group("copy"))
+    return file_id, 0
+
+
+def released_name(file_id: str, released: set) -> str:
+    """``file_id`` with a re-upload or copy suffix (``01_losses-1.ipynb``, ``01_losses (1).ipynb``)
+    removed when that names a released notebook; otherwise unchanged."""
+    return upload_rank(file_id, released)[0]
 
 
 def _row_label(row: dict, position: int) -> str:
@@ -578,6 +593,7 @@ class LmsFileNameCollector(FileNameCollectorPlugin):
     _index = None
     _contested = None
     _reported = None
+    _latest = None
 
     def index(self) -> RosterIndex:
         if self._index is None:
@@ -651,6 +667,31 @@ class LmsFileNameCollector(FileNameCollectorPlugin):
                 for sid, by_id in claims.items() if len(by_id) > 1}
         return self._contested
 
+    def latest_uploads(self) -> dict:
+        """``{(student id, notebook): LMS path}``: the latest upload of each notebook of each student.
+
+        An LMS keeps every upload: Canvas numbers a re-upload ``-1``, ``-2`` ...; a browser that saves
+        a second copy writes ``(1)``. The highest number is the student's latest upload and is the one
+        collected; the others are reported (nbgrader's own ``zip_collect`` stops the whole collection
+        on two files of one notebook: "Duplicate submission file").
+        """
+        if self._latest is None:
+            best: dict = {}
+            released = set(self.released)
+            for path in self._all_lms_paths():
+                info = parse_lms_filename(path)
+                if info is None or os.path.splitext(path)[1] not in self.valid_ext:
+                    continue
+                sid, _ = self.index().student(info)
+                if sid is None:
+                    continue
+                name, rank = upload_rank(info["file_id"], released)
+                key = (sid, name)
+                if key not in best or (rank, path) > best[key]:
+                    best[key] = (rank, path)
+            self._latest = {key: path for key, (_, path) in best.items()}
+        return self._latest
+
     def _refuse(self, key, message: str, shown: str, short: str) -> None:
         """Log a collision once as an error (``message``), and each file it costs as a warning (``short``)."""
         self._reported = self._reported if self._reported is not None else set()
@@ -689,5 +730,12 @@ class LmsFileNameCollector(FileNameCollectorPlugin):
             self._refuse(("download", sid), self.contested()[sid], shown,
                          f"two Moodle users of this download map to roster student {sid!r}")
             return None
-        file_id = released_name(info["file_id"], set(self.released)) if self.released else info["file_id"]
+        file_id, rank = upload_rank(info["file_id"], set(self.released))
+        latest = self.latest_uploads().get((sid, file_id))
+        if latest is not None and latest != lms_path:
+            self.log.warning("Skipped %s: an earlier upload of %s by %s; the latest one, %s, is collected",
+                             shown, file_id, sid, latest)
+            return None
+        if rank:
+            self.log.info("Collected %s as %s for %s (its latest upload)", shown, file_id, sid)
         return {"student_id": sid, "file_id": file_id}
