@@ -52,7 +52,7 @@ from distributed import Client  # noqa: E402
 sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package
 from fixtures.classes import example_class  # noqa: E402
 from rlhf_lab.instructor.grader import compile_cache  # noqa: E402
-from rlhf_lab.instructor.classrun import parallel
+from rlhf_lab.instructor.classrun import parallel, pipeline  # noqa: E402
 
 COURSE_ID = "rlhf-ppo"
 WAYS = ("sequential", "parallel", "upstream")
@@ -96,7 +96,7 @@ def course(base: Path, name: str, examples: Path, assignment: str, size: int,
 
     Its compile cache seed is built before anything is timed (copied from ``like`` if given), so
     all three ways of grading start with the same seed."""
-    root = parallel.copy_course(like or ROOT, base / name, [assignment])
+    root = pipeline.copy_course(base / name, like or ROOT, assignments=[assignment])
     compile_cache.ensure_seed(root, assignment)
     students = parallel.replicate_class(examples, assignment, size, root)
     env = dict(os.environ, RLHF_COURSE_ROOT=str(root), RLHF_COURSE_DB=f"sqlite:///{root}/gradebook.db")

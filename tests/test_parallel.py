@@ -28,9 +28,9 @@ import pytest
 
 from fixtures.classes import example_class
 from pg_support import create_database, postgres_server
-from rlhf_lab.instructor.classrun import parallel
+from rlhf_lab.instructor.classrun import parallel, pipeline
 from rlhf_lab.instructor.classrun.parallel import (
-    ParallelGradingError, Progress, cheapest_assignment, copy_course, grade_class, replicate_class,
+    ParallelGradingError, Progress, cheapest_assignment, grade_class, replicate_class,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -315,7 +315,7 @@ def test_concurrent_nbgrader_writers_on_one_sqlite_file_lose_nothing(tmp_path):
 def test_crash_mid_run_then_rerun_grades_only_the_rest_and_hostile_ones_fail_alone(toy, tmp_path, monkeypatch):
     template, subs = toy
     monkeypatch.setenv("RLHF_CELL_TIMEOUT", "5")  # the looping student; cluster workers inherit it
-    root = copy_course(template, tmp_path / "course", [TOY])
+    root = pipeline.copy_course(tmp_path / "course", template, assignments=[TOY])
     students = replicate_class(subs, TOY, 6, root)
     env = nbgrader_env(root, RLHF_CELL_TIMEOUT="5")
     cli = [sys.executable, "-m", "rlhf_lab.instructor.classrun.parallel", TOY, "--root", str(root)]
@@ -413,7 +413,7 @@ def test_pipeline_killed_while_a_notebook_runs_grades_that_student_again(toy, tm
     from rlhf_lab.instructor.classrun import pipeline
 
     template, subs = toy
-    root = copy_course(template, tmp_path / "course", [TOY])
+    root = pipeline.copy_course(tmp_path / "course", template, assignments=[TOY])
     url = f"sqlite:///{root}/gradebook.db"
     pipeline.generate(root, [TOY], url)  # release/ and the gradebook's assignment, as `make demo` does
     marker = tmp_path / "slow_is_running"

@@ -126,11 +126,6 @@ def find_students(course: Course, assignment: str) -> list[str]:
     return sorted(students)
 
 
-def nbgrader_command(assignment: str, student: str, db_url: str) -> list[str]:
-    """The real per-student autograde command (``--force``: a retry regrades from scratch)."""
-    return autograde_command(assignment, student, db_url, force=True)
-
-
 # ----------------------------------------------------------------------------------------------
 # Gradebook preparation and read-back
 # ----------------------------------------------------------------------------------------------
@@ -600,25 +595,6 @@ def dask_grader(*, workers: int | None = None, scheduler: str | None = None, cli
 # ----------------------------------------------------------------------------------------------
 # Load-test helpers (tests and bench/bench_parallel.py build big classes with these)
 # ----------------------------------------------------------------------------------------------
-
-def copy_course(src_root: str | os.PathLike, dest_root: str | os.PathLike,
-                assignments: Sequence[str]) -> Path:
-    """A fresh course at ``dest_root``: the config and ``source/<a>`` of ``src_root``, nothing graded.
-
-    The assignments' compile cache seeds are copied too when ``src_root`` has them (each seed
-    carries its own validity key: a stale one is rebuilt, never used wrongly)."""
-    from ..grader.compile_cache import seed_dir
-
-    src, dest = Path(src_root), Path(dest_root)
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(src / "nbgrader_config.py", dest / "nbgrader_config.py")
-    for a in assignments:
-        shutil.copytree(src / "source" / a, dest / "source" / a,
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-        if seed_dir(src, a).is_dir():
-            shutil.copytree(seed_dir(src, a), seed_dir(dest, a))
-    return dest
-
 
 def replicate_class(submissions: str | os.PathLike, assignment: str, size: int,
                     dest_root: str | os.PathLike) -> list[str]:

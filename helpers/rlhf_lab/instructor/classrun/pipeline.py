@@ -580,17 +580,29 @@ class ClassRun:
 COURSE_FILES = ("nbgrader_config.py", "source", "release", "examples", ".cache")
 
 
-def copy_course(dest: str | os.PathLike, root=None, include: Sequence[str] = COURSE_FILES) -> Path:
+def copy_course(dest: str | os.PathLike, root=None, include: Sequence[str] = COURSE_FILES,
+                assignments: Sequence[str] | None = None) -> Path:
     """Copy the course (config, source, release, examples, compile cache seeds) into ``dest``.
 
     Returns ``dest``, resolved. The compile cache seeds (``.cache/``) are copied when present:
     each carries its own validity key, so a stale one is rebuilt, never used wrongly.
     Pipeline outputs are never copied, so the copy starts clean; ``autograded/`` is created empty.
+    With ``assignments``, only the config, ``source/<a>`` and the seeds of those assignments are
+    copied (a class of one assignment, as the load tests and benchmarks build it).
     """
     root = course_root(root)
     dest = Path(dest).resolve()
     dest.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc")
+    if assignments is not None:
+        from ..grader.compile_cache import seed_dir
+
+        shutil.copy2(root / "nbgrader_config.py", dest / "nbgrader_config.py")
+        for a in assignments:
+            shutil.copytree(root / "source" / a, dest / "source" / a, ignore=ignore)
+            if seed_dir(root, a).is_dir():
+                shutil.copytree(seed_dir(root, a), seed_dir(dest, a))
+        return dest
     for name in include:
         src = root / name
         if src.is_dir():
