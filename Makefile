@@ -93,9 +93,10 @@ LAB_PORT ?= 8888
 exchange: venv
 	$(RUN) $(PY) -m rlhf_lab.instructor.operations.exchange init
 
-## make roster: check roster.csv (or examples/roster.csv, or $RLHF_ROSTER) and import it with nbgrader db student import
+## make roster: check roster.csv (or ROSTER=path, or $RLHF_ROSTER) and import it with nbgrader db student import;
+## without any of them it says so (the example class's roster is examples/roster.csv)
 roster: venv
-	$(RUN) $(PY) -m rlhf_lab.instructor.operations.roster
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.roster $(ROSTER)
 
 ## make guides: rewrite the grader's guides guides/<assignment>.md from source/
 guides: venv

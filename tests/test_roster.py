@@ -120,3 +120,20 @@ def test_the_bundled_rosters_ids_are_valid_and_every_problem_of_a_bad_roster_is_
     assert "line 5: lms_user_id 40101 already on line 2" in text
     assert "line 6: first_name 'De\\ne' contains a control character" in text
     assert "line 6: lms_user_id '=1+1' is not a number" in text
+
+
+def test_make_roster_without_a_roster_says_so_and_imports_nothing(tmp_path, monkeypatch, capsys):
+    """No roster.csv, no $RLHF_ROSTER, no file named: an error that says where the example roster is,
+    not a silent import of the example class."""
+    from rlhf_lab.instructor.operations import roster as roster_cli
+
+    course = tmp_path / "course"
+    (course / "examples").mkdir(parents=True)
+    (course / "examples" / "roster.csv").write_text("id,first_name,last_name,email,lms_user_id\nzed,Z,Q,z@q,1\n")
+    monkeypatch.setenv("RLHF_COURSE_ROOT", str(course))
+    monkeypatch.delenv("RLHF_ROSTER", raising=False)
+    assert roster_cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "no roster to import" in err and "ROSTER=examples/roster.csv" in err
+    assert not (course / "gradebook.db").exists()
+    assert roster_cli.main(["--check", str(course / "examples" / "roster.csv")]) == 0

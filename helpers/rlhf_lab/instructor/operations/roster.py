@@ -171,6 +171,13 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="only check the file, import nothing")
     parser.add_argument("--db", help="gradebook URL (default the course's)")
     args = parser.parse_args(argv)
+    if args.roster is None and not os.environ.get(ENV_VAR) and not (course_root() / "roster.csv").exists():
+        print(f"error: no roster to import: {course_root() / 'roster.csv'} does not exist and ${ENV_VAR} is not set.\n"
+              f"  Write roster.csv (columns id, first_name, last_name, email, lms_user_id) "
+              "or name the file: `make roster ROSTER=path/to/roster.csv`.\n"
+              "  The bundled example class's roster is examples/roster.csv (`make roster ROSTER=examples/roster.csv`).",
+              file=sys.stderr)
+        return 2
     path = (args.roster or roster_path()).resolve()
     problems = check_roster(path)
     if problems:
