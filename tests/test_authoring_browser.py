@@ -305,11 +305,14 @@ def _check_points_change(course, before_nb, sent, lint_before, pairs_before, cli
     assert pair == authoring.pair_text(course, course / NOTEBOOK)
     assert authoring.pair_diff(course) == pairs_before
 
-    # The lint: the points table of this notebook disagrees with the metadata now, nothing else.
+    # The lint: the points table and the task heading of this notebook disagree with the metadata now,
+    # nothing else.
     found = authoring.lint(course)
     new = [f for f in found if f not in lint_before]
     assert [f for f in lint_before if f not in found] == []
-    assert all(f.rule == "points-table" for f in new), "\n".join(map(str, new))
+    assert all(f.rule in ("points-table", "task-points") for f in new), "\n".join(map(str, new))
+    heading = [f for f in new if f.rule == "task-points"]
+    assert len(heading) == 1 and "Task 1.1 state(s) 6 points" in heading[0].message, "\n".join(map(str, new))
     assert all(f.notebook.startswith(f"source/{ASSIGNMENT}/") for f in new), "\n".join(map(str, new))
     named = [f for f in new if GRADE_ID in f.message]
     points_cell = next(c.id for c in saved.cells if c.cell_type == "markdown" and "This notebook: **" in c.source)
