@@ -19,7 +19,8 @@ other on the same machine in the same invocation:
 
     .venv/bin/python bench/bench_peer.py [--repeats N] [--peer-repeats N] [--peer-python PATH]
 
-Writes bench/results/peer.md.
+Writes bench/results/peer.md. Its "What differs" section (DIFFERENCES below) says what the numbers
+do and do not compare.
 """
 from __future__ import annotations
 
@@ -49,6 +50,24 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "peer.md"
 PEER_PY = ROOT / ".venv-peer" / "bin" / "python"
 PARAM_NAMES = ("w1", "b1", "w_out", "b_out")
+
+#: What differs between our runs and the peers', beyond the random number generators (peer.md).
+DIFFERENCES = [
+    "**Where the score sits.** Ours and the plain PyTorch peer put the score on the last real token (the EOS, or "
+    "the 6th token of a truncated response). TRL's PPOTrainer adds it one position later, on the first PAD after "
+    "the EOS when there is one (its `sequence_lengths + 1`), and keeps the value and the value loss on that "
+    "position too: its critic fits a value on a padding slot.",
+    "**Forward work while sampling.** TRL samples with transformers' `generate`, and our network wrapped for it "
+    "has no KV cache, so each new token reruns the network on the whole prefix: up to 1 + 2 + ... + 6 = 21 "
+    "positions for a 6-token response where an incremental sampler (ours, the plain PyTorch peer) runs 6, "
+    "3.5 times the forward work of generation.",
+    "**What a run includes.** Our timed runs include the exact evaluation (enumeration of all responses) every "
+    "`eval_every` iterations; the peers' runs do not (their snapshots are evaluated afterwards, untimed).",
+    "**What the ratio to TRL measures.** The network has 21 input features and one tanh layer of width 32, so a "
+    "step is tiny and the ratio measures framework overhead per step (Python, the trainer's bookkeeping, many "
+    "small kernel launches) on a task this small, not speed at language-model scale, where the model's forward "
+    "and backward passes dominate.",
+]
 
 
 def export_task(task: sq.Task, config: sq.SeqPPOConfig, path: Path) -> None:
@@ -259,7 +278,8 @@ def main(argv=None) -> int:
                          f"| {ev[-1]['regret']:.3f} |")
     lines += ["", "The two implementations use different random number generators, so single runs differ; "
               "the comparison is of the curves' shape (gold up then down while the proxy rises) and of the final "
-              "numbers across seeds.", "", "## TRL's PPO trainer", ""]
+              "numbers across seeds.", "", "## What differs", "", *[f"* {d}" for d in DIFFERENCES],
+              "", "## TRL's PPO trainer", ""]
     if args.skip_trl:
         lines.append("Not tried in this invocation (`--skip-trl`).")
     elif trl_rec and trl_rec.get("status") == "ok":

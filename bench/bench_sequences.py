@@ -6,7 +6,9 @@ jitted steps (same process, same machine state), and the exact enumeration of on
 
 Targets from the issue (reported, never asserted; a miss prints WARN): one run <= 1 s after
 compile, compile <= 15 s, 16-run sweep <= 10 s, exact enumeration <= 50 ms. Writes a markdown table
-to bench/results/sequences.md. The TRL peer benchmark is not part of this script.
+to bench/results/sequences.md. The peer benchmark (TRL's PPO trainer and a plain PyTorch version of
+the same algorithm on the same task) is bench/bench_peer.py (`make bench-peer`), results in
+bench/results/peer.md; it is not part of this script.
 """
 from __future__ import annotations
 
@@ -161,8 +163,8 @@ def main(argv=None) -> int:
          f"{lang.n_responses} responses; target <= {TARGETS['enumerate'] * 1e3:.0f} ms"),
         ("naive enumeration (one pass per response and position, jitted)", f"{med(naive_wall) * 1e3:.1f} ms",
          f"median of {len(naive_wall)}; {med(naive_wall) / enum_med:.0f}x slower; same probabilities to {enum_agree:.1e}"),
-        ("TRL PPO trainer on the same task (peer)", "not measured",
-         "not done here: needs torch/transformers/trl, which this environment does not have"),
+        ("TRL PPO trainer and plain PyTorch on the same task (peers)", "see bench/results/peer.md",
+         "measured by bench/bench_peer.py (`make bench-peer`, in its own .venv-peer), not by this script"),
     ]
     header = [
         f"# Sequence-level RLHF benchmark ({dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')})",

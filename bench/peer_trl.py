@@ -252,7 +252,9 @@ def main(argv=None) -> int:
             f"{cfg['epsilon']}, cliprange_value {cfg['value_clip']}, vf_coef 1, gamma {cfg['gamma']}, lam {cfg['lam']}, "
             "temperature 1, missing_eos_penalty 1, response_length 6, stop at EOS, constant learning rate "
             f"{cfg['learning_rate']}, AdamW eps 1e-5 without weight decay. Differences that remain: TRL's own "
-            "sampler (transformers' generate) and data loader, and its bookkeeping (logging statistics every step).")
+            "sampler (transformers' generate, here without a KV cache: every new token reruns the whole prefix) and "
+            "data loader, the position of the score (TRL adds it on the first PAD after the EOS and fits the value "
+            "there; ours sits on the EOS), and its bookkeeping (logging statistics every step).")
         save()
         return 0
     except Exception as exc:  # recorded, not hidden: the benchmark prints it in its results

@@ -85,6 +85,12 @@ example_mask = np.asarray(response_mask(examples, EOS, PAD))
 print(example_mask)
 print("real tokens per response:", example_mask.sum(axis=1))
 
+# %% nbgrader={"grade": false, "grade_id": "reveal_mask_not_eos", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# the prediction's second question: a mask built as `tokens != eos`
+naive_mask = np.asarray(examples != EOS, np.float32)
+print("second response, tokens != eos:", naive_mask[1], "->", int(naive_mask[1].sum()), "tokens counted")
+print("second response, response_mask:", example_mask[1], "->", int(example_mask[1].sum()), "token counted")
+
 # %% nbgrader={"grade": true, "grade_id": "test_seq_response_mask", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # test_seq_response_mask: EOS counted and padding masked on fresh responses (length 1, truncated, tokens after the first EOS that are not PAD, one 1-D response, other eos/pad ids)
 ### BEGIN HIDDEN TESTS
@@ -156,6 +162,38 @@ grading.judge("test_seq_sequence_logprob")
 assert np.allclose(np.asarray(sequence_logprob(uniform_logp, known_mask)), -np.log(6.0) * np.array([2, 1, 6, 4]),
                    atol=1e-5), "log pi(y) of a uniform policy is -(number of real tokens) * log 6"
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "sft_refit_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **What leaving EOS out changes.** With the uniform policy the two losses above are the same number:
+# every token costs $\log 6$, so the mean per token does not depend on which tokens are counted. The
+# difference shows only once a policy is fitted. The next cell fits the course's reference twice to
+# the same 2,048 demonstrations (the library's `fit_reference`: this masked loss, minimised by Adam), once
+# with EOS in the mask and once without, and prints for each fitted policy the exact probability that
+# a response never ends. It is a training run, so it is skipped during autograding.
+
+# %% nbgrader={"grade": false, "grade_id": "sft_refit", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import os
+
+if os.environ.get("NBGRADER_EXECUTION"):
+    print("The two SFT fits are skipped while autograding.")
+else:
+    demo_prompts, demo_tokens, demo_mask = sq.sample_demonstrations(sq.random_chain(LANG, 0), LANG, 2048, 0)
+    demo_tokens, demo_mask = np.asarray(demo_tokens), np.asarray(demo_mask)
+    tree = sq.prefix_tree(LANG)
+    print("share of demonstrations that end with EOS:", round(float(np.mean(np.any(demo_tokens == EOS, axis=1))), 3))
+    for name, fit_mask in (("EOS in the mask", demo_mask), ("EOS left out   ", demo_mask * (demo_tokens != EOS))):
+        fitted = sq.fit_reference(LANG, demo_prompts, demo_tokens, fit_mask)
+        _, resp_logp = sq.exact.policy_tables(fitted.params, jnp.asarray(tree.prefix_features), LANG)
+        p_no_eos = np.sum(np.exp(np.asarray(resp_logp, np.float64)) * (1.0 - tree.has_eos), axis=1)
+        print(f"{name}: P(no EOS within 6 tokens) per prompt {np.round(p_no_eos, 3)}")
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "sft_refit_reveal", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# Left out of the mask, EOS is never a target: nothing in the loss raises its probability, and the
+# softmax gives its share to the tokens that are counted. The fitted policy then almost never stops
+# (on this machine: a probability above 0.999 for every prompt of running to 6 tokens without EOS,
+# against 0.43 to 0.76 with EOS counted, where the demonstrations themselves end with EOS 43% of the
+# time). A policy that never samples EOS cannot be rewarded for stopping later on either.
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "pref_intro_seq", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 3. The response-pair preference loss
 #
@@ -183,8 +221,9 @@ def preference_loss(chosen_score, rejected_score):
 # *My prediction:* 
 
 # %% nbgrader={"grade": false, "grade_id": "experiment_pref", "locked": true, "schema_version": 3, "solution": false, "task": false}
-margins = np.linspace(-8.0, 8.0, 81).astype(np.float32)
+margins = np.linspace(-10.0, 10.0, 101).astype(np.float32)
 pair_losses = [float(preference_loss(jnp.array([m]), jnp.array([0.0]))) for m in margins]
+print("loss of one pair at margins -10, 0, +10 (nats):", [round(pair_losses[i], 5) for i in (0, 50, 100)])
 fig, ax = plt.subplots(figsize=(5.5, 3.2))
 ax.plot(margins, pair_losses)
 ax.axvline(0.0, color="grey", linestyle=":")

@@ -81,9 +81,9 @@ def per_token_rewards(logp, ref_logp, score, mask, beta):
 
 # %% nbgrader={"grade": false, "grade_id": "experiment_rewards", "locked": true, "schema_version": 3, "solution": false, "task": false}
 rewards = per_token_rewards(old_logp, ref_logp, score, mask, 0.1)
-print(np.round(np.asarray(rewards), 3))
-print("sum per response:", np.round(np.asarray(rewards.sum(axis=1)), 4))
-print("s - beta (log pi(y) - log pi_ref(y)):", np.round(np.asarray(score - 0.1 * (old_logp - ref_logp).sum(axis=1)), 4))
+print(np.round(np.asarray(rewards), 3) + 0.0)          # + 0.0 prints -0.0 as 0.0
+print("sum per response:", np.round(np.asarray(rewards.sum(axis=1)), 4) + 0.0)
+print("s - beta (log pi(y) - log pi_ref(y)):", np.round(np.asarray(score - 0.1 * (old_logp - ref_logp).sum(axis=1)), 4) + 0.0)
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_rewards_score_position", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # test_seq_rewards_score_position: the score sits on the last real token (EOS-only, truncated and random responses)
@@ -245,13 +245,33 @@ def value_loss(values, old_values, returns, mask, value_clip):
 
 # %% nbgrader={"grade": false, "grade_id": "experiment_losses", "locked": true, "schema_version": 3, "solution": false, "task": false}
 print("policy loss at rho = 1:", float(policy_loss(old_logp, old_logp, white, mask, 0.2)))
-shifts = np.linspace(-0.6, 0.6, 61)
-curve = [float(policy_loss(old_logp + s * mask, old_logp, white, mask, 0.2)) for s in shifts]
-fig, ax = plt.subplots(figsize=(5.5, 3.2))
-ax.plot(shifts, curve)
-ax.set_xlabel("log pi - old_logp on every real token (nats)")
-ax.set_ylabel("clipped policy loss (whitened advantage units)")
-ax.set_title("The clipped loss flattens outside the band")
+grad_logp, grad_old = jax.grad(policy_loss, argnums=(0, 1))(old_logp, old_logp, white, mask, 0.2)
+print("largest |d loss / d logp|    :", float(jnp.max(jnp.abs(grad_logp))))
+print("largest |d loss / d old_logp|:", float(jnp.max(jnp.abs(grad_old))))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "clip_shape_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The loss is 0 at $\rho = 1$, but its gradient with respect to `logp` is not: that gradient is the
+# policy-gradient step. With respect to `old_logp` it is 0, because the old log-probs are constants of
+# the batch (`stop_gradient`). The next figure is the clipped objective of **one token**,
+# $\min(\rho A, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon) A)$ (your loss with its sign
+# flipped, on a batch of one token), for $A = +1$ and for $A = -1$. For $A > 0$ it follows $\rho A$
+# up to $1 + \epsilon$ and is flat above it: making a good token still more likely gains nothing
+# there, and the gradient is 0. For $A < 0$ it is flat below $1 - \epsilon$. On the other side of
+# the band it keeps following $\rho A$: the minimum never hides a change that makes the objective worse.
+
+# %% nbgrader={"grade": false, "grade_id": "clip_shape", "locked": true, "schema_version": 3, "solution": false, "task": false}
+ratios = np.linspace(0.5, 1.5, 21)                 # steps of 0.05: the kinks at 0.8 and 1.2 are points
+one = jnp.ones((1, 1))
+fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.2), sharey=True)
+axes[0].set_ylabel("objective of one token (advantage units)")
+for ax, adv in zip(axes, (1.0, -1.0)):
+    objective = [-float(policy_loss(np.log(r) * one, 0.0 * one, adv * one, one, 0.2)) for r in ratios]
+    ax.axvspan(0.8, 1.2, color="grey", alpha=0.15, label="band [1 - eps, 1 + eps]")
+    ax.plot(ratios, adv * ratios, ":", color="grey", label="rho A, unclipped")
+    ax.plot(ratios, objective, label="clipped objective")
+    ax.set_xlabel("ratio rho = pi / pi_old of the token (dimensionless)")
+    ax.set_title(f"A = {adv:+.0f}")
+    ax.legend(fontsize="small")
 plt.show()
 
 # %% nbgrader={"grade": true, "grade_id": "test_seq_policy_loss", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}

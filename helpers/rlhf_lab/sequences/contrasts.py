@@ -1,8 +1,14 @@
 """Contrasts on the same task and the same exact evaluator: GRPO, DPO, best-of-n, exact-gradient ascent.
 
 * **GRPO** (Shao et al. 2024): ``group_size`` responses per prompt, advantages normalised within
-  each group (no critic), the same clipped policy loss, and ``beta * k3`` in the LOSS (so its KL
-  gradient is the one of ``KL(pi_ref || pi)``, see :mod:`.estimators`).
+  each group by the POPULATION std (divide by the group size; TRL's ``GRPOTrainer`` uses torch's
+  Bessel-corrected std, divide by ``group_size - 1``), no critic, the same clipped policy loss, and
+  ``beta * k3`` in the LOSS (so its KL gradient is the one of ``KL(pi_ref || pi)``, see
+  :mod:`.estimators`). The loss is a TOKEN mean over all real tokens of a minibatch (as DAPO), not
+  a mean over each response's tokens and then over responses (DeepSeekMath's GRPO). Because every
+  group's advantages get std 1 whatever the spread of its scores, the KL term weighs less and less
+  against the score as the policy concentrates: on the default task the 200-iteration run ends at a
+  KL of about 13 nats, beyond the 10.2 of ``pi*_0.05``, with a regret about 25 times PPO's.
 * **DPO** (Rafailov et al. 2023) on the very preference pairs the proxy was fitted to.
 * **Best-of-n**: exact distribution of "draw n responses from the reference, keep the one with the
   highest score", its exact KL, beside the analytic ``log n - (n-1)/n``.
@@ -138,6 +144,9 @@ def group_advantages(scores: jax.Array, eps: float = 1e-6) -> jax.Array:
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta, epsilon) -> jax.Array:
     """GRPO per-token loss: ``-min(rho A, clip(rho) A) + beta * k3(logp, ref_logp)``, mean over real tokens.
+
+    The mean is over every real token of the batch (a token mean, as DAPO), so long responses weigh
+    more than short ones; DeepSeekMath's GRPO averages each response's tokens first.
 
     Args:
       logp: ``[B, T]`` current policy; old_logp: ``[B, T]`` behaviour policy (frozen);

@@ -14,6 +14,11 @@ occurrences of the prompt's forbidden bigram, ``L`` content tokens (EOS not coun
 With ``target_peak = 2``: ``c = 0, 1, 2, 3, 4, 5, 6`` score ``0, .75, 1, .75, 0, -1.25, -3`` (times
 ``target_weight``). The proxy reward model (:mod:`.preferences`) sees token counts, length and EOS
 but not order and not curvature: it cannot see the bigram, nor that a third copy of the target hurts.
+Which of these matters is a question for :func:`gold_terms`: under the exact optimum ``pi*_beta`` of
+the default task the bigram term improves monotonically as beta falls (it is about 0 once the
+responses fill up with the target, which never takes part in the bigram); the gold reward's fall
+past its peak comes from the target term (copies beyond ``target_peak``) and the length term, and the
+largest part of its rise up to the peak from the missing-EOS term.
 """
 from __future__ import annotations
 

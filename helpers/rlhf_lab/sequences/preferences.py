@@ -6,8 +6,10 @@
    ``P(a preferred to b) = sigmoid((gold(a) - gold(b)) / temperature)``.
 3. A linear proxy is fitted to the labels by minimising :func:`preference_loss`. Its features are
    per-prompt token counts, the length and has-EOS, nothing else: it cannot see token order (the
-   forbidden bigram) and it is linear in the counts (it cannot see that too many copies of the
-   target hurt). Optimising it hard therefore eventually lowers the gold reward.
+   forbidden bigram) and it is linear in the counts and the length (it cannot see that too many
+   copies of the target hurt, nor that the gold reward has a preferred length). Optimising it hard
+   therefore eventually lowers the gold reward; on the default task that fall comes from the
+   target and length terms, while the bigram term keeps improving (see :func:`.gold.gold_terms`).
 4. The proxy is shifted and scaled to mean 0 and standard deviation 1 under the reference
    (prompts uniform), exactly, by enumeration.
 """
