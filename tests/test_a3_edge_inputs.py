@@ -23,11 +23,6 @@ EOS, PAD = LANG.eos, LANG.pad
 SEEDS = (0, 1, 2, 3)
 
 
-def _last(mask):
-    length = jnp.sum(mask, axis=-1).astype(jnp.int32)
-    return jax.nn.one_hot(length - 1, mask.shape[-1]) * (length > 0)[..., None]
-
-
 def mask_not_pad(tokens, eos, pad):
     """Right only while PAD follows EOS: counts whatever comes after the first EOS."""
     return (jnp.asarray(tokens) != pad).astype(jnp.float32)
@@ -42,7 +37,7 @@ def mask_rows_only(tokens, eos, pad):
 
 def rewards_unmasked_kl(logp, ref_logp, score, mask, beta):
     """Right only while the log-probs are 0 on padding: the penalty is not multiplied by the mask."""
-    return -beta * (logp - ref_logp) + score[:, None] * _last(mask)
+    return -beta * (logp - ref_logp) + score[:, None] * sq.last_token(mask)
 
 
 def whiten_sum_over_real_count(advantages, mask):
