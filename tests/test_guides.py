@@ -70,3 +70,22 @@ def test_a_changed_rubric_makes_the_guide_stale(tmp_path):
     assert guide.guides_diff(root) == [f"guides/{a}.md"]
     guide.write_guides(root)
     assert guide.guides_diff(root) == [] and "a new rubric line" in (root / "guides" / f"{a}.md").read_text()
+
+
+def test_a_question_starts_at_its_section_heading():
+    """Text of an earlier section (a reveal, an experiment) between two graded cells is not the question."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    def nbg(**kw):
+        return {"nbgrader": {"schema_version": 3, "locked": False, "task": False, **kw}}
+
+    nb = new_notebook(cells=[
+        new_code_cell("assert True", metadata=nbg(grade=True, solution=False, grade_id="t1", points=1)),
+        new_markdown_cell("**Reveal.** the numbers of section 8"),
+        new_markdown_cell("## 9. Analysis"),
+        new_markdown_cell("**Q1.** Why? (3 points)"),
+        new_markdown_cell("### BEGIN SOLUTION\nBecause.\n### END SOLUTION",
+                          metadata=nbg(grade=True, solution=True, grade_id="a1", points=3)),
+    ])
+    [entry] = guide.notebook_entries(nb, "nb")
+    assert entry.question == "## 9. Analysis\n\n**Q1.** Why? (3 points)"

@@ -88,7 +88,7 @@ def test_points_add_up():
                 if _nbgrader(c).get("grade"))
     by_hand = sum(_nbgrader(c).get("points", 0) for nb in NOTEBOOKS.values() for c in nb.cells
                   if _nbgrader(c).get("grade") and c.cell_type == "markdown")
-    assert (total, by_hand) == (41, 6)
+    assert (total, by_hand) == (45, 6)
 
 
 def test_explorer_and_contrast_runs_are_skipped_under_autograding():

@@ -20,7 +20,7 @@
 # end of each response. In this notebook you write the masked pieces the whole loop rests on.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_seq_01", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Points.** This notebook: **8 points**. The whole assignment `a3_ppo_sequences` (three notebooks) is worth **41 points**: 35 autograded and 6 graded by hand.
+# **Points.** This notebook: **8 points**. The whole assignment `a3_ppo_sequences` (three notebooks) is worth **45 points**: 39 autograded and 6 graded by hand.
 #
 # | graded cell | points | how |
 # |---|---|---|

@@ -17,7 +17,7 @@
 # with a mask (1 on real tokens, EOS included; 0 on padding).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_seq_02", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Points.** This notebook: **14 points**. The whole assignment `a3_ppo_sequences` (three notebooks) is worth **41 points**: 35 autograded and 6 graded by hand.
+# **Points.** This notebook: **14 points**. The whole assignment `a3_ppo_sequences` (three notebooks) is worth **45 points**: 39 autograded and 6 graded by hand.
 #
 # | graded cell | points | how |
 # |---|---|---|

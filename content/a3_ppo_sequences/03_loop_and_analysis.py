@@ -16,7 +16,7 @@
 # proxy only partly sees. Every expected reward and KL below is an exact sum over all responses.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "points_seq_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Points.** This notebook: **19 points**. The whole assignment `a3_ppo_sequences` (three notebooks) is worth **41 points**: 35 autograded and 6 graded by hand.
+# **Points.** This notebook: **23 points**. The whole assignment `a3_ppo_sequences` (three notebooks) is worth **45 points**: 39 autograded and 6 graded by hand.
 #
 # | graded cell | points | how |
 # |---|---|---|
@@ -26,6 +26,8 @@
 # | `test_seq_overopt_fit` | 2 | autograded |
 # | `test_seq_group_advantages` | 2 | autograded |
 # | `test_seq_dpo_loss` | 2 | autograded |
+# | `test_seq_rloo_advantages` | 2 | autograded |
+# | `test_seq_length_normalised_score` | 2 | autograded |
 # | `seq_analysis_a1` | 3 | graded by hand |
 # | `seq_analysis_a2` | 3 | graded by hand |
 #
@@ -613,8 +615,229 @@ else:
 # $k_3$ in the loss follows the gradient of $\mathrm{KL}(\pi_{\text{ref}}\Vert\pi)$ per token (section 4),
 # not of the sequence KL that defines $\pi^*_\beta$.
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "rloo_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 7. RLOO: the other responses of the group as the baseline
+#
+# RLOO (REINFORCE leave-one-out; Ahmadian et al. 2024, TRL's `RLOOTrainer`) keeps GRPO's groups
+# and has no critic either, but changes the two things section 6 blamed:
+#
+# * **no std.** Each response is compared with the mean of the *other* $K-1$ responses of its
+#   group: $A_{ij} = r_{ij} - \frac{1}{K-1}\sum_{k \ne j} r_{ik}$. The baseline never uses the
+#   response it scores, so the advantage is an unbiased REINFORCE weight;
+# * **the KL in the reward**, per response, as PPO does: $r_{ij} = s_{ij} - \beta \sum_t
+#   (\log\pi_{\text{old}} - \log\pi_{\text{ref}})$ over its real tokens, the sampled sequence KL.
+#   Its gradient is the one of $E_\pi[s] - \beta\,\mathrm{KL}(\pi \Vert \pi_{\text{ref}})$, the
+#   objective whose maximiser is $\pi^*_\beta$.
+#
+# Everything else of `sq.train_rloo` is `sq.train_grpo`'s: the same clipped loss (a token mean),
+# 128 responses per iteration in groups of 8, 2 epochs of 4 minibatches, the same learning rate and
+# beta. Write `rloo_advantages(rewards)` for `rewards` of shape `[n_groups, group_size]`
+# (`group_size` at least 2).
+
+# %% nbgrader={"grade": false, "grade_id": "rloo_advantages_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def rloo_advantages(rewards):
+    """RLOO advantages: each reward minus the mean of the other rewards of its row; same shape."""
+    ### BEGIN SOLUTION
+    rewards = jnp.asarray(rewards)
+    k = rewards.shape[-1]
+    return rewards - (jnp.sum(rewards, axis=-1, keepdims=True) - rewards) / (k - 1)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_seq_rloo_advantages", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_seq_rloo_advantages: leave-one-out advantages on fresh groups (equal rewards give 0; groups of two, float64, a common offset)
+### BEGIN HIDDEN TESTS
+grading.judge("test_seq_rloo_advantages")
+### END HIDDEN TESTS
+_ra = np.asarray(rloo_advantages(jnp.array([[1.0, 2.0, 3.0], [2.0, 2.0, 2.0]])))
+assert np.allclose(_ra[0], [-1.5, 0.0, 1.5], atol=1e-6), (
+    f"rewards 1, 2, 3: the baselines are the means of the other two (2.5, 2, 1.5), got {_ra[0]}")
+assert np.allclose(_ra[1], 0.0, atol=1e-6), "a group of equal rewards gets advantage 0"
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "rloo_predict", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Predict** (not graded, but write it down *before* running the next cell): PPO, GRPO and RLOO
+# each run 200 iterations of 128 responses at beta 0.05 on this task. GRPO ends beyond
+# $\pi^*_{0.05}$ (KL 10.2 nats). Where does RLOO end: beyond it, at it, or short of it? Which of
+# the three has the smallest regret?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "rloo_runs", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import os
+
+if os.environ.get("NBGRADER_EXECUTION"):
+    print("The PPO, GRPO and RLOO runs are skipped while autograding.")
+else:
+    same_budget = {"PPO": sq.train(task, SeqPPOConfig(iterations=200, beta=0.05)),
+                   "GRPO": sq.train_grpo(task, sq.GRPOConfig(iterations=200, beta=0.05)),
+                   "RLOO": sq.train_rloo(task, sq.GRPOConfig(iterations=200, beta=0.05))}
+    star = optimum_summary(task, 0.05)
+    print(f"{'200 iterations, beta 0.05':28s}{'gold':>8s}{'proxy':>8s}{'KL (nats)':>11s}{'regret':>9s}")
+    for name, r in same_budget.items():
+        print(f"{name:28s}{float(r.gold[-1]):8.3f}{float(r.proxy[-1]):8.3f}{float(r.kl[-1]):11.2f}{float(r.regret[-1]):9.4f}")
+    print(f"{'pi*_0.05':28s}{star['gold']:8.3f}{star['proxy']:8.3f}{star['kl']:11.2f}{0.0:9.4f}")
+    fig, (ax_kl, ax_reg) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for name, r in same_budget.items():
+        steps = r.eval_iteration if name == "PPO" else r.eval_step
+        ax_kl.plot(steps, r.kl, marker="o", markersize=3, label=name)
+        ax_reg.semilogy(steps, r.regret, marker="o", markersize=3, label=name)
+    ax_kl.axhline(star["kl"], color="k", linestyle="--", label="KL of pi*_0.05")
+    ax_kl.set_xlabel("iteration (batches of 128 responses)")
+    ax_kl.set_ylabel("exact KL(pi || pi_ref) (nats)")
+    ax_kl.set_title("Distance from the reference")
+    ax_kl.legend(fontsize="small")
+    ax_reg.set_xlabel("iteration (batches of 128 responses)")
+    ax_reg.set_ylabel("exact regret (reward units, log scale)")
+    ax_reg.set_title("Objective of pi*_0.05 minus the run's")
+    ax_reg.legend(fontsize="small")
+    plt.show()
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "rloo_reveal", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Reveal.** RLOO ends at $\pi^*_{0.05}$, not beyond it: on this machine after 200 iterations its
+# KL is 10.44 nats against the optimum's 10.16 and its regret 0.0072, where GRPO is at 13.23 nats
+# with a regret of 0.110 and PPO at 10.23 nats with 0.0044. With the same sampling, groups, clipped
+# loss and beta, the two changes of RLOO are enough for it to follow the objective that defines
+# $\pi^*_\beta$. PPO, whose critic and GAE give each token its own advantage, still has the
+# smallest regret, and RLOO gets there more slowly: after 60 iterations (the GRPO run of section 6)
+# RLOO is still short of the optimum (KL 8.52 nats, regret 0.086).
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "length_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 8. A reward model that pays for length
+#
+# Reward models fitted to human preferences often learn that longer answers win, and a policy
+# trained on them writes longer answers whether or not they are better. Here the bias is exact:
+# `sq.length_bias.with_length_bonus(task, 1.0)` is the task whose proxy pays 1 reward unit per
+# content token on top of what it paid before (the proxy's std under the reference is 1; EOS is
+# not counted). The gold reward does not change: it measures what the bias costs.
+#
+# One remedy is to remove what the length explains: the **length-normalised score**
+# $s'_{pr} = s_{pr} - c\,(L_r - \bar L_p)$, where $\bar L_p = E_{\pi_{\text{ref}}}[L \mid p]$ and $c$
+# is the least-squares slope of the score on the length under the reference, one slope for the
+# whole task (a reward model has one length weight), each prompt centred on its own means
+# $\bar s_p = E_{\pi_{\text{ref}}}[s \mid p]$ and $\bar L_p$:
+#
+# $$c = \frac{\sum_p \sum_r \pi_{\text{ref}}(r \mid p)\,(s_{pr} - \bar s_p)(L_r - \bar L_p)}
+#            {\sum_p \sum_r \pi_{\text{ref}}(r \mid p)\,(L_r - \bar L_p)^2}.$$
+#
+# Write `length_normalised_score(score, length, ref_logp)`: `score` is `[P, R]` (every response of
+# every prompt), `length` is `[R]` (content tokens of each response, the same for every prompt),
+# `ref_logp` is `[P, R]` (reference log-probabilities, each row sums to 1 in probability). Return
+# `[P, R]`. The lengths of the responses vary, so the denominator is positive.
+
+# %% nbgrader={"grade": false, "grade_id": "length_normalised_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def length_normalised_score(score, length, ref_logp):
+    """The score minus c (L - E_ref[L | p]), c the pooled within-prompt slope of score on length; [P, R]."""
+    ### BEGIN SOLUTION
+    score = jnp.asarray(score, jnp.float32)
+    length = jnp.broadcast_to(jnp.asarray(length, jnp.float32), score.shape)
+    probs = jnp.exp(jnp.asarray(ref_logp, jnp.float32))
+    d_score = score - jnp.sum(probs * score, axis=1, keepdims=True)
+    d_length = length - jnp.sum(probs * length, axis=1, keepdims=True)
+    c = jnp.sum(probs * d_score * d_length) / jnp.sum(probs * d_length ** 2)
+    return score - c * d_length
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_seq_length_normalised_score", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# test_seq_length_normalised_score: the score with its reference length slope removed, on fresh tables (a length that never varies, one prompt, float64, a score linear in length)
+### BEGIN HIDDEN TESTS
+grading.judge("test_seq_length_normalised_score")
+### END HIDDEN TESTS
+_lengths = sq.length_bias.response_lengths(task)
+_normalised = np.asarray(length_normalised_score(task.arrays.score, _lengths, task.arrays.ref_resp_logp), np.float64)
+_probs = np.exp(np.asarray(task.arrays.ref_resp_logp, np.float64))
+_dl = _lengths - np.sum(_probs * _lengths, axis=1, keepdims=True)
+assert abs(np.sum(_probs * _normalised * _dl)) < 1e-3 * np.sum(_probs * _dl ** 2), (
+    "under the reference the normalised score must not covary with the length")
+assert np.allclose(np.sum(_probs * _normalised, axis=1), np.sum(_probs * np.asarray(task.arrays.score), axis=1),
+                   atol=1e-4), "each prompt keeps its mean score under the reference"
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "length_predict", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Predict** (not graded, but write it down *before* running the next cell). The next cell computes
+# the exact optimum $\pi^*_\beta$ of three scores, for beta from 2 down to 0.05: the proxy score,
+# the proxy plus 1 per content token, and the length-normalised score of that biased proxy.
+# (a) At beta 0.5, how much longer are the responses of the biased optimum than those of the
+# unbiased one (the reference's mean is 4.64 content tokens), and does its gold go up or down?
+# (b) Does a larger beta undo the bias, or only limit it? (c) Does the length-normalised score get
+# back the gold of the unbiased proxy?
+#
+# *My prediction:* 
+
+# %% nbgrader={"grade": false, "grade_id": "experiment_length", "locked": true, "schema_version": 3, "solution": false, "task": false}
+lengths = sq.length_bias.response_lengths(task)
+biased = sq.length_bias.with_length_bonus(task, 1.0)
+scores = {"proxy": task.arrays.score,
+          "proxy + 1 per token": biased.arrays.score,
+          "length-normalised": length_normalised_score(biased.arrays.score, lengths, task.arrays.ref_resp_logp)}
+length_betas = np.array([2.0, 1.0, 0.5, 0.2, 0.1, 0.05])
+length_rows = {name: [sq.length_bias.length_summary(
+    task, sq.exact.optimal_logp(task.arrays.ref_resp_logp, jnp.asarray(s, jnp.float32), float(b)))
+    for b in length_betas] for name, s in scores.items()}
+print("reference:", {k: round(v, 3) for k, v in sq.length_bias.length_summary(task, task.arrays.ref_resp_logp).items()})
+print(f"{'optimum of':22s}{'beta':>6s}{'length':>8s}{'gold':>8s}{'KL (nats)':>11s}")
+for name, rows in length_rows.items():
+    for b, r in zip(length_betas, rows):
+        print(f"{name:22s}{b:6.2f}{r['length']:8.2f}{r['gold']:8.3f}{r['kl']:11.2f}")
+
+# %% nbgrader={"grade": false, "grade_id": "length_plot", "locked": true, "schema_version": 3, "solution": false, "task": false}
+fig, (ax_len, ax_gold) = plt.subplots(1, 2, figsize=(9, 3.5))
+for name, rows in length_rows.items():
+    ax_len.semilogx(length_betas, [r["length"] for r in rows], "o-", label=name)
+    ax_gold.semilogx(length_betas, [r["gold"] for r in rows], "o-", label=name)
+ax_len.axhline(sq.length_bias.length_summary(task, task.arrays.ref_resp_logp)["length"], color="k",
+               linestyle="--", label="reference")
+ax_len.set_xlabel("beta (reward units per nat, log scale)")
+ax_len.set_ylabel("exact mean length (content tokens)")
+ax_len.set_title("How long the optimum's responses are")
+ax_len.legend(fontsize="small")
+ax_gold.set_xlabel("beta (reward units per nat, log scale)")
+ax_gold.set_ylabel("exact expected gold (reward units)")
+ax_gold.set_title("What the optimum is worth")
+plt.show()
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "length_reveal", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Reveal** (exact numbers from the table). (a) At beta 0.5 the biased optimum's responses are
+# 5.16 content tokens long, against 3.25 for the unbiased one, and its gold falls from 0.073 to
+# -0.518: the policy is paid for length and takes it, although the gold reward prefers shorter
+# responses here. (b) A larger beta limits how far the policy moves, not which way: at beta 2 (KL
+# 0.13 nats) the biased optimum is still longer than the reference (5.10 tokens) and 1.26 tokens
+# longer than the unbiased optimum, with gold -1.100 against -0.584. (c) No. The length-normalised
+# score removes the bonus whatever its size (its rows are the same for any bonus: try
+# `with_length_bonus(task, 0.25)`), but it also removes the proxy's own preference for shorter
+# responses, which was right: under the reference the score falls by 0.56 per content token (the
+# gold by 0.39). At beta 0.5 its optimum's gold is -0.217: better than the biased proxy's -0.518,
+# worse than the unbiased proxy's 0.073. With a bonus of 0.25 per token the normalised score is
+# worse than leaving the bias alone (-0.217 against -0.028): length control pays only when the bias
+# is larger than the length preference the reward model got right.
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "length_ppo_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Watch PPO exploit it.** The next cell trains PPO (200 iterations, beta 0.2) on the three reward
+# models, the normalised one as `sq.length_bias.with_length_control(biased)` (the biased proxy with
+# its length weight lowered by $c$), and evaluates each final policy exactly on the gold reward.
+# It is skipped during autograding.
+
+# %% nbgrader={"grade": false, "grade_id": "length_ppo_runs", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import os
+
+if os.environ.get("NBGRADER_EXECUTION"):
+    print("The length-bias PPO runs are skipped while autograding.")
+else:
+    length_tasks = {"proxy": task, "proxy + 1 per token": biased,
+                    "length-normalised": sq.length_bias.with_length_control(biased)}
+    print(f"{'PPO, beta 0.2, trained on':28s}{'length':>8s}{'gold':>8s}{'KL (nats)':>11s}")
+    for name, t in length_tasks.items():
+        final = sq.evaluate_policy(task, sq.train(t, SeqPPOConfig(beta=0.2)).policy_params, 0.2)
+        print(f"{name:28s}{final['mean_length']:8.2f}{final['gold']:8.3f}{final['kl']:11.2f}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "length_ppo_reveal", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# PPO follows its optimum (numbers from this machine). Trained on the biased proxy its responses
+# grow from 3.90 to 5.00 content tokens and its gold falls from 0.087 to -0.195; trained on the
+# length-normalised reward model it ends at 4.96 tokens and gold -0.202. At beta 0.2 the two are
+# within 0.03 of each other, as their exact optima are (-0.170 and -0.142 in the table): at this
+# beta the normalisation buys nothing back.
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "analysis_seq", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## 7. Analysis (graded by hand)
+# ## 9. Analysis (graded by hand)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "seq_analysis_q1", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Q1.** Use your over-optimisation plot, the fits and the table of gold terms. Where does the gold
@@ -680,7 +903,7 @@ else:
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "explorer_intro_seq", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## 8. Explorer (not graded)
+# ## 10. Explorer (not graded)
 #
 # Move the beta and epsilon sliders: each move re-runs the compiled PPO run of `train` (no new
 # compile) and redraws the exact gold reward, proxy reward and KL over training, beside the KL of

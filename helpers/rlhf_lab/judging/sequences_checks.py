@@ -781,6 +781,140 @@ def seq_group_advantages(student, rng, ref):
           "group advantages of one group given as NumPy float64", rtol=1e-3, atol=1e-4)
 
 
+def rloo_advantages64(rewards) -> np.ndarray:
+    """RLOO advantages ``r_ij - (sum_k r_ik - r_ij) / (K - 1)`` in float64."""
+    r = np.asarray(rewards, np.float64)
+    return r - (r.sum(axis=1, keepdims=True) - r) / (r.shape[1] - 1)
+
+
+@register("test_seq_rloo_advantages", task="rloo_advantages", needs=("rloo_advantages",), forbid=ALL,
+          assignment=A, notebook=NB3)
+def seq_rloo_advantages(student, rng, ref):
+    """RLOO advantages on fresh groups: each reward minus the mean of the other rewards of its row.
+
+    Row 0 holds equal rewards (a power of two, so every order of summation is exact) and must get
+    0; then groups of two (each advantage is the difference of the pair), one group as NumPy float64
+    and groups whose rewards share a large common offset (the baseline must remove it).
+    """
+    g, k = int(rng.integers(3, 6)), int(rng.integers(3, 9))
+    rewards = rng.normal(scale=2.0, size=(g, k)).astype(np.float32)
+    rewards[0] = float(rng.choice([-1.0, 1.0])) * 2.0 ** int(rng.integers(-2, 3))
+    got = student.call("rloo_advantages", Jax(rewards))
+    want = rloo_advantages64(rewards)
+    wide = rewards.astype(np.float64)
+    centred = wide - wide.mean(axis=1, keepdims=True)
+    diagnose(got, want, lambda: {
+        "the baseline includes the response itself (r - mean of the whole group): leave it out, "
+        "r_ij - (sum of the row - r_ij) / (K - 1), which is K / (K - 1) times r - mean":
+            centred,
+        "the sum of the other rewards was divided by K: there are K - 1 other responses":
+            wide - (wide.sum(axis=1, keepdims=True) - wide) / k,
+        "the advantages were divided by the group's std (GRPO): RLOO only subtracts the leave-one-out mean":
+            group_advantages64(rewards),
+        "the baseline is the mean of the whole batch: each row is one prompt's group":
+            wide - (wide.sum() - wide) / (wide.size - 1),
+        "the sign is reversed: the advantage is the reward minus the baseline": -want,
+    }, "rloo_advantages", atol=1e-4)
+    got_rows = to_float(got, "rloo advantages")
+    check(got_rows.shape == want.shape, f"rloo_advantages must return one advantage per reward, shape "
+                                        f"{want.shape}, got shape {got_rows.shape}")
+    close(got_rows[0], want[0], f"row 0 (all {k} rewards equal {float(rewards[0, 0]):g}): every advantage must be 0",
+          rtol=0.0, atol=1e-6)
+    close(got_rows[1:], want[1:], "rloo advantages of the other rows", rtol=1e-4, atol=1e-5,
+          hint="A_ij = r_ij - (sum_k r_ik - r_ij) / (K - 1), row by row")
+    pairs = rng.normal(size=(3, 2)).astype(np.float32)
+    close(student.call("rloo_advantages", Jax(pairs)), rloo_advantages64(pairs),
+          "rloo advantages of groups of two (each response's baseline is the other one)", rtol=1e-4, atol=1e-5)
+    close(student.call("rloo_advantages", f64(rewards[1:2])), rloo_advantages64(rewards[1:2]),
+          "rloo advantages of one group given as NumPy float64", rtol=1e-4, atol=1e-5)
+    offset = (float(rng.uniform(5.0, 20.0)) * float(rng.choice([-1.0, 1.0])) + rewards[1:]).astype(np.float32)
+    close(student.call("rloo_advantages", Jax(offset)), rloo_advantages64(offset),
+          "rloo advantages of rewards shifted by a common constant (the same advantages as without it)",
+          rtol=1e-3, atol=1e-4)
+
+
+def _length_inputs(rng, n_prompts: int | None = None):
+    """``(score [P, R], length [R], ref_logp [P, R])`` float32: lengths 0 ... 6 with every value varied."""
+    p = int(rng.integers(2, 5)) if n_prompts is None else n_prompts
+    r = int(rng.integers(7, 13))
+    length = rng.integers(0, T + 1, size=r).astype(np.float32)
+    length[:2] = 0.0, float(T)  # never constant
+    score = (rng.normal(size=(p, r)) + float(rng.uniform(-1.0, 1.0)) * length).astype(np.float32)
+    logits = rng.normal(scale=1.5, size=(p, r))
+    ref_logp = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)
+    return score, length, ref_logp
+
+
+def _length_wrong(score, length, ref_logp, weights="ref", centre="prompt", pooled=True, subtract_mean=True):
+    """The length-normalised score computed the way a classic mistake computes it (float64)."""
+    s = np.asarray(score, np.float64)
+    lengths = np.broadcast_to(np.asarray(length, np.float64), s.shape)
+    lp = np.asarray(ref_logp, np.float64)
+    w = {"ref": np.exp(lp), "uniform": np.full(s.shape, 1.0 / s.shape[1]), "logp": lp}[weights]
+    if centre == "prompt":
+        ms = np.sum(w * s, axis=1, keepdims=True) / np.sum(w, axis=1, keepdims=True)
+        ml = np.sum(w * lengths, axis=1, keepdims=True) / np.sum(w, axis=1, keepdims=True)
+    else:
+        ms = np.sum(w * s) / np.sum(w)
+        ml = np.sum(w * lengths) / np.sum(w)
+    num = w * (s - ms) * (lengths - ml)
+    den = w * (lengths - ml) ** 2
+    c = (np.sum(num, axis=1, keepdims=True) / np.sum(den, axis=1, keepdims=True) if not pooled
+         else np.sum(num) / np.sum(den))
+    return s - c * (lengths - ml) if subtract_mean else s - c * lengths
+
+
+@register("test_seq_length_normalised_score", task="length_normalised_score", needs=("length_normalised_score",),
+          forbid=ALL, assignment=A, notebook=NB3)
+def seq_length_normalised_score(student, rng, ref):
+    """The score with its reference length slope removed, on fresh tables; then one prompt, NumPy
+    float64 inputs, and a score exactly linear in length.
+
+    A length that never varies is not among the inputs: its denominator is 0 only in exact
+    arithmetic (float32 weights sum to 1 within rounding, so ``L - E_ref[L]`` is rounding noise and a
+    correct answer's slope depends on how it rounds); the statement promises lengths that vary.
+    """
+    from rlhf_lab.sequences import length_bias as lb
+
+    score, length, ref_logp = _length_inputs(rng)
+    got = student.call("length_normalised_score", Jax(score), Jax(length), Jax(ref_logp))
+    want = lb.length_normalised_score(score, length, ref_logp)
+    diagnose(got, want, lambda: {
+        "the slope weighs every response equally: weight each by its reference probability exp(ref_logp)":
+            _length_wrong(score, length, ref_logp, weights="uniform"),
+        "the log-probabilities were used as weights: the weights are exp(ref_logp)":
+            _length_wrong(score, length, ref_logp, weights="logp"),
+        "one slope per prompt: the statement asks one slope for the task (pooled over prompts, a reward "
+        "model has one length weight)":
+            _length_wrong(score, length, ref_logp, pooled=False),
+        "the score and the length were centred on means over all prompts: centre each prompt on its own "
+        "reference means E_ref[s | p] and E_ref[L | p]":
+            _length_wrong(score, length, ref_logp, centre="all"),
+        "c * L was subtracted: subtract c * (L - E_ref[L | p]), which keeps each prompt's mean score":
+            _length_wrong(score, length, ref_logp, subtract_mean=False),
+        "the score was divided by the length: the normalised score subtracts the part the length explains":
+            score.astype(np.float64) / np.maximum(length.astype(np.float64), 1.0),
+    }, "length_normalised_score", atol=1e-4)
+    out = to_float(got, "the length-normalised score")
+    check(out.shape == want.shape, f"length_normalised_score must return one score per response, shape "
+                                   f"{want.shape}, got shape {out.shape}")
+    close(out, want, "the length-normalised score", rtol=1e-4, atol=1e-4,
+          hint="c = sum_p sum_r pi_ref (s - E_ref[s|p]) (L - E_ref[L|p]) / sum_p sum_r pi_ref (L - E_ref[L|p])^2, "
+               "then s - c (L - E_ref[L|p])")
+    one = _length_inputs(rng, n_prompts=1)
+    close(student.call("length_normalised_score", *(Jax(x) for x in one)), lb.length_normalised_score(*one),
+          "the length-normalised score of one prompt", rtol=1e-4, atol=1e-4)
+    s2, l2, r2 = _length_inputs(rng)
+    close(student.call("length_normalised_score", f64(s2), f64(l2), f64(r2)), lb.length_normalised_score(s2, l2, r2),
+          "the length-normalised score of NumPy float64 inputs", rtol=1e-4, atol=1e-4)
+    level = rng.normal(size=(score.shape[0], 1))
+    linear = (level + float(rng.uniform(0.5, 2.0)) * length[None, :]).astype(np.float32)
+    close(student.call("length_normalised_score", Jax(linear), Jax(length), Jax(ref_logp)),
+          lb.length_normalised_score(linear, length, ref_logp),
+          "a score that is exactly a + c * length in every prompt (each prompt's score becomes its reference mean)",
+          rtol=1e-4, atol=1e-4)
+
+
 @register("test_seq_dpo_loss", task="dpo_loss", needs=("dpo_loss",), forbid=ALL, assignment=A, notebook=NB3)
 def seq_dpo_loss(student, rng, ref):
     """DPO loss on fresh sequence log-probs: value and gradient w.r.t. the chosen log-probs."""

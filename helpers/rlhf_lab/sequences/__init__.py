@@ -13,7 +13,8 @@ KL-regularised optimum are exact sums. Modules (lower ones never import upper on
     task         make_task(seed): all of the above, deterministic; default_task()
     estimators   k1, k2, k3, exact per-token KL, their gradients by placement
     ppo          per-token rewards, GAE, whitening, clipped losses, the compiled run, sweeps
-    contrasts    GRPO, DPO, best-of-n, exact-gradient ascent
+    contrasts    GRPO, RLOO, DPO, best-of-n, exact-gradient ascent
+    length_bias  a reward model that pays for length; the length-normalised score
 
 Quick start::
 
@@ -42,8 +43,9 @@ from .ppo import (
 )
 from .contrasts import (
     CurveResult, GRPOConfig, best_of_n_kl_formula, best_of_n_logp, best_of_n_summary, dpo_loss,
-    exact_gradient_ascent, group_advantages, grpo_loss, train_dpo, train_grpo,
+    exact_gradient_ascent, group_advantages, grpo_loss, rloo_advantages, rloo_loss, train_dpo, train_grpo, train_rloo,
 )
+from . import length_bias
 
 __all__ = [
     "DEFAULT_LANGUAGE", "Language", "Tree", "context_features", "decode", "masked_mean", "masked_nll",
@@ -58,5 +60,6 @@ __all__ = [
     "Batch", "SeqPPOConfig", "SeqTrainResult", "adaptive_kl_update", "gae", "last_token", "per_token_rewards",
     "policy_loss", "sample_responses", "sweep", "train", "train_python_loop", "value_loss", "whiten",
     "CurveResult", "GRPOConfig", "best_of_n_kl_formula", "best_of_n_logp", "best_of_n_summary", "dpo_loss",
-    "exact_gradient_ascent", "group_advantages", "grpo_loss", "train_dpo", "train_grpo",
+    "exact_gradient_ascent", "group_advantages", "grpo_loss", "rloo_advantages", "rloo_loss", "train_dpo",
+    "train_grpo", "train_rloo", "length_bias",
 ]

@@ -1,4 +1,4 @@
-"""Contrasts on the same task and the same exact evaluator: GRPO, DPO, best-of-n, exact-gradient ascent.
+"""Contrasts on the same task and the same exact evaluator: GRPO, RLOO, DPO, best-of-n, exact-gradient ascent.
 
 * **GRPO** (Shao et al. 2024): ``group_size`` responses per prompt, advantages normalised within
   each group by the POPULATION std (divide by the group size; TRL's ``GRPOTrainer`` uses torch's
@@ -9,6 +9,12 @@
   group's advantages get std 1 whatever the spread of its scores, the KL term weighs less and less
   against the score as the policy concentrates: on the default task the 200-iteration run ends at a
   KL of about 13 nats, beyond the 10.2 of ``pi*_0.05``, with a regret about 25 times PPO's.
+* **RLOO** (Ahmadian et al. 2024, as TRL's ``RLOOTrainer``): the same groups, batch, epochs and
+  clipped loss as GRPO, no critic, but each response's baseline is the MEAN OF THE OTHER responses
+  of its group (``A_ij = r_ij - mean_{k != j} r_ik``, no division by a std) and the KL penalty is in
+  the REWARD, per sequence: ``r = s - beta * sum_t (old_logp - ref_logp)`` (the sampled sequence
+  KL, k1 summed over the response), so it follows the gradient of ``E[s] - beta KL(pi || pi_ref)``,
+  the objective that defines ``pi*_beta``.
 * **DPO** (Rafailov et al. 2023) on the very preference pairs the proxy was fitted to.
 * **Best-of-n**: exact distribution of "draw n responses from the reference, keep the one with the
   highest score", its exact KL, beside the analytic ``log n - (n-1)/n``.
@@ -142,6 +148,49 @@ def group_advantages(scores: jax.Array, eps: float = 1e-6) -> jax.Array:
     return jnp.where(constant, 0.0, (scores - mu) / (sd + eps))
 
 
+def rloo_advantages(rewards: jax.Array) -> jax.Array:
+    """RLOO advantages: ``A_ij = r_ij - (sum_k r_ik - r_ij) / (K - 1)``, the leave-one-out baseline.
+
+    Each response is compared with the mean of the OTHER ``K - 1`` responses of its group (one
+    prompt per row), so the baseline never depends on the response it scores and the advantage is
+    an unbiased REINFORCE weight. Algebraically ``A_ij = K / (K - 1) * (r_ij - mean_k r_ik)``: the
+    group-mean-centred reward scaled up by ``K / (K - 1)``, never divided by a std. A group of equal
+    rewards gets 0 (up to float rounding of its sum).
+
+    Args:
+      rewards: ``[n_groups, group_size]``, ``group_size >= 2`` (a group of one has no other response).
+
+    Returns:
+      ``[n_groups, group_size]``.
+    """
+    v.ndim("rewards", rewards, 2)
+    k = np.shape(rewards)[-1]
+    if k < 2:
+        raise ValueError(f"rewards must hold groups of at least 2 responses, got shape {np.shape(rewards)}")
+    return rewards - (jnp.sum(rewards, axis=-1, keepdims=True) - rewards) / (k - 1)
+
+
+def _clipped_surrogate(logp, old_logp, advantages, epsilon):
+    """``min(rho A, clip(rho, 1 - eps, 1 + eps) A)`` per token, ``rho = exp(logp - old_logp)``; ``[B, T]``."""
+    ratio = jnp.exp(logp - jax.lax.stop_gradient(old_logp))
+    adv = jax.lax.stop_gradient(advantages)[:, None]
+    return jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv)
+
+
+def rloo_loss(logp, old_logp, advantages, mask, epsilon) -> jax.Array:
+    """RLOO per-token loss: ``-min(rho A, clip(rho) A)``, mean over real tokens (the KL is in ``A``).
+
+    Args:
+      logp: ``[B, T]`` current policy; old_logp: ``[B, T]`` behaviour policy (frozen); advantages:
+      ``[B]`` leave-one-out advantages of the KL-penalised rewards (frozen); mask: ``[B, T]``;
+      epsilon: clip range.
+    """
+    v.same_shape(("logp", "old_logp", "mask"), logp, old_logp, mask)
+    v.same_shape(("advantages", "mask[:, 0]"), advantages, mask[:, 0])
+    v.epsilon(epsilon)
+    return masked_mean(-_clipped_surrogate(logp, old_logp, advantages, epsilon), mask)
+
+
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta, epsilon) -> jax.Array:
     """GRPO per-token loss: ``-min(rho A, clip(rho) A) + beta * k3(logp, ref_logp)``, mean over real tokens.
 
@@ -157,15 +206,13 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta, epsilon) -> jax.
     v.same_shape(("advantages", "mask[:, 0]"), advantages, mask[:, 0])
     v.beta(beta)
     v.epsilon(epsilon)
-    ratio = jnp.exp(logp - jax.lax.stop_gradient(old_logp))
-    adv = jax.lax.stop_gradient(advantages)[:, None]
-    surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv)
+    surrogate = _clipped_surrogate(logp, old_logp, advantages, epsilon)
     return masked_mean(-surrogate + beta * k3(logp, jax.lax.stop_gradient(ref_logp)), mask)
 
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO hyperparameters. Static: iterations, batch_size, group_size, epochs, minibatch_size, eval_every."""
+    """GRPO (and RLOO) hyperparameters. Static: iterations, batch_size, group_size, epochs, minibatch_size, eval_every."""
 
     iterations: int = 200
     batch_size: int = 128
@@ -221,8 +268,9 @@ def _curve(evs, every, params) -> CurveResult:
                        evs[:, 5], params)
 
 
-def _grpo_core(key, hp, arrays: TaskArrays, *, lang: Language, static: tuple) -> CurveResult:
-    TRACE_COUNTS["seq_grpo"] += 1
+def _group_core(key, hp, arrays: TaskArrays, *, lang: Language, static: tuple, method: str) -> CurveResult:
+    """One critic-free run: GRPO (``method="grpo"``) or RLOO (``"rloo"``); same sampling, epochs, minibatches."""
+    TRACE_COUNTS[f"seq_{method}"] += 1
     full, arrays = arrays, rollout_arrays(arrays)  # keep the enumeration tables out of the loop
     iterations, batch_size, group_size, epochs, mb_size, eval_every = static
     n_mb = batch_size // mb_size
@@ -233,8 +281,10 @@ def _grpo_core(key, hp, arrays: TaskArrays, *, lang: Language, static: tuple) ->
 
     def loss_fn(p, mb):
         tokens, mask, old_logp, ref_logp, adv, pr = mb
-        feats = context_features(lang, pr, tokens)
-        return grpo_loss(token_logp(p, feats, tokens), old_logp, ref_logp, adv, mask, hp["beta"], hp["epsilon"])
+        logp = token_logp(p, context_features(lang, pr, tokens), tokens)
+        if method == "rloo":
+            return rloo_loss(logp, old_logp, adv, mask, hp["epsilon"])
+        return grpo_loss(logp, old_logp, ref_logp, adv, mask, hp["beta"], hp["epsilon"])
 
     def iteration(carry, _):
         params, opt_state, key = carry
@@ -244,7 +294,11 @@ def _grpo_core(key, hp, arrays: TaskArrays, *, lang: Language, static: tuple) ->
         old_logp = token_logp(params, feats, tokens) * mask
         ref_logp = token_logp(arrays.ref_params, feats, tokens) * mask
         score = response_score(arrays, lang, prompts, tokens, mask)
-        adv = group_advantages(score.reshape(-1, group_size)).reshape(-1)
+        if method == "rloo":  # the sampled sequence KL (k1 summed over the response) in the reward
+            reward = score - hp["beta"] * jnp.sum((old_logp - ref_logp) * mask, axis=1)
+            adv = rloo_advantages(reward.reshape(-1, group_size)).reshape(-1)
+        else:
+            adv = group_advantages(score.reshape(-1, group_size)).reshape(-1)
         data = jax.lax.stop_gradient((tokens, mask, old_logp, ref_logp, adv, prompts))
 
         perms = jnp.argsort(jax.random.uniform(kp, (epochs, batch_size)), axis=1)
@@ -274,18 +328,34 @@ def _grpo_core(key, hp, arrays: TaskArrays, *, lang: Language, static: tuple) ->
 
 
 @functools.lru_cache(maxsize=None)
-def make_grpo(lang: Language, static: tuple):
-    """Compiled ``grpo(key, hparams, arrays) -> CurveResult`` (cached per language and static config)."""
-    return jax.jit(functools.partial(_grpo_core, lang=lang, static=static))
+def make_grpo(lang: Language, static: tuple, method: str = "grpo"):
+    """Compiled ``run(key, hparams, arrays) -> CurveResult`` of GRPO or RLOO (cached per language, config, method)."""
+    if method not in ("grpo", "rloo"):
+        raise ValueError(f"method must be 'grpo' or 'rloo', got {method!r}")
+    return jax.jit(functools.partial(_group_core, lang=lang, static=static, method=method))
 
 
-def train_grpo(task: Task, config: GRPOConfig = GRPOConfig()) -> CurveResult:
-    """One GRPO run on ``task`` (one compiled call), exact curves every ``eval_every`` iterations."""
+def _train_group(task: Task, config: GRPOConfig, method: str) -> CurveResult:
     task = _check_task(task)
     if not isinstance(config, GRPOConfig):
         raise ValueError(f"config must be a GRPOConfig, got {type(config).__name__}")
     hp = {k: jnp.float32(getattr(config, k)) for k in ("beta", "epsilon", "learning_rate")}
-    return make_grpo(task.lang, config.static)(jax.random.key(config.seed), hp, task.arrays)
+    return make_grpo(task.lang, config.static, method)(jax.random.key(config.seed), hp, task.arrays)
+
+
+def train_grpo(task: Task, config: GRPOConfig = GRPOConfig()) -> CurveResult:
+    """One GRPO run on ``task`` (one compiled call), exact curves every ``eval_every`` iterations."""
+    return _train_group(task, config, "grpo")
+
+
+def train_rloo(task: Task, config: GRPOConfig = GRPOConfig()) -> CurveResult:
+    """One RLOO run on ``task`` with GRPO's configuration (same groups, batch, epochs, learning rate, beta).
+
+    The differences from :func:`train_grpo` are the two RLOO makes: the leave-one-out baseline
+    without a std (:func:`rloo_advantages`) and ``beta`` times the sampled sequence KL in the reward
+    instead of ``beta * k3`` in the loss. Exact curves every ``eval_every`` iterations.
+    """
+    return _train_group(task, config, "rloo")
 
 
 # ------------------------------------------------------------------------------------------

@@ -61,7 +61,8 @@ MANIFEST: dict[str, tuple[str, ...]] = {
                                   "ppo_loss", "regularised_objective", "reward_kl_frontier"),
     "a3_ppo_sequences/01_masks_and_sft": ("masked_nll", "preference_loss", "response_mask", "sequence_logprob"),
     "a3_ppo_sequences/02_ppo_pieces": ("gae", "per_token_rewards", "policy_loss", "value_loss", "whiten"),
-    "a3_ppo_sequences/03_loop_and_analysis": ("dpo_loss", "expected_estimates", "group_advantages", "k1", "k2", "k3"),
+    "a3_ppo_sequences/03_loop_and_analysis": ("dpo_loss", "expected_estimates", "group_advantages", "k1", "k2", "k3",
+                                           "length_normalised_score", "rloo_advantages"),
 }
 
 

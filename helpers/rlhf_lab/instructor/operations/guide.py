@@ -8,7 +8,8 @@ grades (a written answer with points, a task cell, an answer cell graded by hand
 notebook order:
 
 * where it is: notebook, ``grade_id`` (what Formgrader shows), points;
-* the question: the markdown cells between the previous graded cell and this one;
+* the question: the markdown cells between the previous graded cell and this one, from the last
+  section heading (``#`` or ``##``) among them: a new section starts a new question;
 * the model answer and the rubric, split from the solution text: a paragraph that starts with
   ``**Rubric`` (or a ``BEGIN MARK SCHEME`` region) is the rubric; ``**Model answer`` or anything
   else is the model answer.
@@ -100,6 +101,8 @@ def notebook_entries(nb, notebook: str) -> list[GuideEntry]:
         elif md.get("grade") or md.get("solution"):
             question = []  # an autograded part: the next question starts after it
         elif cell.cell_type == "markdown":
+            if re.match(r"#{1,2} ", cell.source.lstrip()):
+                question = []  # a new section: what came before it belongs to another part
             question.append(cell.source.strip())
     return entries
 
