@@ -8,7 +8,14 @@ RUN := PATH="$(VENV)/bin:$$PATH" JAX_PLATFORMS=cpu
 backup: venv
 	$(RUN) $(PY) -m rlhf_lab.instructor.operations.backup
 
-.PHONY: backup venv demo test test-fast test-browser bench release examples generated check-generated environment.yml lesson lab lint pairs normalise
+## make lms-export LMS=canvas|moodle [OUT=file]: the gradebook in the LMS's gradebook import CSV (default
+## grades_<LMS>.csv): Canvas by the roster's lms_user_id, Moodle by e-mail; students the LMS could not
+## identify and scores still waiting for a grader are named on stderr (rlhf_lab.instructor.operations.lms_export)
+LMS ?= canvas
+lms-export: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.lms_export --format "$(LMS)" --out "$(or $(OUT),grades_$(LMS).csv)"
+
+.PHONY: backup lms-export venv demo test test-fast test-browser bench release examples generated check-generated environment.yml lesson lab lint pairs normalise
 
 venv:
 	@tools/bootstrap.sh
@@ -51,8 +58,18 @@ bench: venv
 ## Each is paired with a py:percent text file under content/ (jupytext.toml); `make lint` checks the
 ## course's rules. Generated from them: release/ (nbgrader generate_assignment), example and hostile
 ## submissions (from release + the recipes). `make generated` rebuilds all in order.
+## LAB_ARGS: extra options for `jupyter lab` in `make lab` and `make student-lab`, e.g. LAB_ARGS=--allow-root
+## (Jupyter refuses to run as root without it; both targets stop first and say so) or LAB_ARGS=--no-browser.
+LAB_ARGS ?=
+define check_root
+@if [ "$$(id -u)" = 0 ] && ! printf '%s\n' $(LAB_ARGS) | grep -qx -- '--allow-root'; then \
+  echo "make $@: you are root, and Jupyter refuses to start as root without --allow-root:" >&2; \
+  echo "  make $@ LAB_ARGS=--allow-root   (better: run it as an ordinary user)" >&2; exit 2; fi
+endef
+
 lab: venv
-	JUPYTER_CONFIG_DIR=$(CURDIR)/jupyter/instructor $(RUN) $(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR)
+	$(check_root)
+	JUPYTER_CONFIG_DIR=$(CURDIR)/jupyter/instructor $(RUN) $(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) $(LAB_ARGS)
 
 lint: venv
 	$(RUN) $(PY) -m rlhf_lab.instructor.authoring lint
@@ -108,8 +125,9 @@ check-guides: venv
 ## make student-lab: JupyterLab for a student (Assignment List, Course List, Validate; no instructor tools),
 ## working in $(STUDENT_HOME); the instructor's own Jupyter set-up is not touched
 student-lab: venv
+	$(check_root)
 	mkdir -p "$(STUDENT_HOME)"
-	cd "$(STUDENT_HOME)" && JUPYTER_CONFIG_DIR="$(CURDIR)/jupyter/student" $(RUN) $(VENV)/bin/jupyter lab --port=$(LAB_PORT) --ServerApp.root_dir="$(STUDENT_HOME)"
+	cd "$(STUDENT_HOME)" && JUPYTER_CONFIG_DIR="$(CURDIR)/jupyter/student" $(RUN) $(VENV)/bin/jupyter lab --port=$(LAB_PORT) --ServerApp.root_dir="$(STUDENT_HOME)" $(LAB_ARGS)
 
 ## make bench-peer: our sequence-level PPO beside a PyTorch peer (TRL's PPO trainer tried first) on the
 ## same task; optional, not in CI. Ours runs from .venv, the peer from its own .venv-peer (pins in

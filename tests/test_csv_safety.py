@@ -39,6 +39,8 @@ def test_nbgrader_export_through_the_course_plugin_writes_roster_formulas_as_tex
     url = f"sqlite:///{tmp_path / 'gb.db'}"
     with Gradebook(url) as gb:
         gb.add_assignment("a1")
+        gb.add_notebook("nb", "a1")
+        gb.add_grade_cell("t1", "nb", "a1", max_score=1, cell_type="code")  # an assignment without points has no rows
         gb.add_student("mallory", first_name=FORMULAS[0], last_name="@SUM(A1:A9)", email="=1+1@x.edu")
         gb.add_student("ada", first_name="Ada", last_name="Okafor-Reyes", email="ada@x.edu")
         gb.add_student("-2+3")  # a folder name the pre-flight would reject, exported as text anyway

@@ -25,6 +25,12 @@ def imported(tmp_path_factory):
     roster.import_roster(ROSTER, root, db)
     run = pipeline.run_nbgrader(["db", "assignment", "add", "a1_ppo_objective"], root, db)
     assert run.ok, run.output[-2000:]
+    from nbgrader.api import Gradebook
+
+    with Gradebook(db, pipeline.COURSE_ID) as gb:  # one graded cell (grades.csv leaves out an assignment without points)
+        gb.add_notebook("01_clipped_objective", "a1_ppo_objective")
+        gb.add_grade_cell("test_ppo_surrogate", "01_clipped_objective", "a1_ppo_objective", max_score=6,
+                          cell_type="code")
     return root, db
 
 
@@ -52,6 +58,7 @@ def test_exported_csv_carries_the_names(imported):
     assert (rows["ada_correct"]["first_name"], rows["ada_correct"]["last_name"]) == (ada["first_name"], ada["last_name"])
     oli = next(r for r in _rows(ROSTER) if r["id"].startswith("oli_"))
     assert rows[oli["id"]]["last_name"] == oli["last_name"]  # non-ASCII survives the round trip
+    assert {sid: r["lms_user_id"] for sid, r in rows.items()} == {r["id"]: r["lms_user_id"] for r in _rows(ROSTER)}
 
 
 def test_reimport_updates_instead_of_duplicating(imported, tmp_path):

@@ -682,6 +682,8 @@ def test_csv_export_is_one_row_per_student_whatever_the_folder_name(tmp_path):
     url = f"sqlite:///{tmp_path / 'gb.db'}"
     with Gradebook(url) as gb:
         gb.add_assignment("a1")
+        gb.add_notebook("nb", "a1")
+        gb.add_grade_cell("t1", "nb", "a1", max_score=1, cell_type="code")  # an assignment without points has no rows
         for n in names:
             gb.add_student(n)
         plugin = csv_export.CsvExport(to=str(tmp_path / "grades.csv"))
@@ -695,21 +697,26 @@ def test_csv_export_is_one_row_per_student_whatever_the_folder_name(tmp_path):
 
 def test_the_course_export_and_the_backup_export_keep_odd_names_and_only_the_asked_assignments(tmp_path):
     """`nbgrader export` as the pipeline runs it (the course's plugin, restricted to the graded
-    assignments) and the backup's grades.csv: a comma in a student id stays one field, and an
-    assignment not asked for (an ungraded one in the gradebook) adds no rows."""
+    assignments) and the backup's grades.csv: a comma in a student id stays one field; an
+    assignment not asked for adds no rows, and one without points (an ungraded one in the
+    gradebook) adds none even when nothing is asked for."""
     from nbgrader.api import Gradebook
 
     root = pipeline.copy_course(tmp_path / "course", REPO)
     url = f"sqlite:///{root / 'gradebook.db'}"
     names = ["doe, jane", "plain"]
     with Gradebook(url, pipeline.COURSE_ID) as gb:
-        gb.add_assignment("graded_one")
+        for graded in ("graded_one", "graded_two"):
+            gb.add_assignment(graded)
+            gb.add_notebook("nb", graded)
+            gb.add_grade_cell("t1", "nb", graded, max_score=2, cell_type="code")
         gb.add_assignment("ungraded_one")
+        gb.add_notebook("nb", "ungraded_one")
         for n in names:
             gb.add_student(n)
     out = pipeline.export_csv(tmp_path / "grades.csv", root, url, names=["graded_one"])
     backup_csv = backup.export_assignment_csv(url, pipeline.COURSE_ID, tmp_path / "backup_grades.csv")
-    for path, assignments in ((out, {"graded_one"}), (backup_csv, {"graded_one", "ungraded_one"})):
+    for path, assignments in ((out, {"graded_one"}), (backup_csv, {"graded_one", "graded_two"})):
         with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.DictReader(fh))
         assert sorted((r["student_id"], r["assignment"]) for r in rows) == \

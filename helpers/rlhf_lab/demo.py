@@ -33,6 +33,19 @@ from pathlib import Path
 from .instructor.classrun import pipeline
 
 
+def _incomplete_note(csv_path) -> str:
+    """How many rows of grades.csv are incomplete (its ``pending_manual_points``), as a note; "" when none."""
+    import csv
+
+    with open(csv_path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    waiting = sum(1 for r in rows if float(r.get("pending_manual_points") or 0) > 0)
+    if not waiting:
+        return ""
+    return (f" ({waiting} of {len(rows)} scores still wait for hand grading: column pending_manual_points; "
+            "`make lms-export` leaves them blank)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlhf_lab.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, help="copy the course here and run on the copy")
@@ -133,7 +146,7 @@ def main(argv=None) -> int:
     if n_held and not args.release_pending_feedback:
         print(f"held:     {n_held} notebooks with written answers awaiting hand grading (grade them in "
               "Formgrader, then release; --release-pending-feedback releases them now)")
-    print(f"csv:      {result.csv_path}")
+    print(f"csv:      {result.csv_path}{_incomplete_note(result.csv_path)}")
     print(f"report:   {root / pipeline.REPORT_NAME}")
     seconds = {**steps, **{k: v for k, v in result.seconds.items() if k not in steps}}
     print(f"time:     {total:.1f} s in all ({', '.join(f'{k} {v:.1f} s' for k, v in seconds.items())})")

@@ -25,7 +25,7 @@ accept a root for callers that only have one (``root=None`` -> :func:`course_roo
 ``autograde(a, student)``  one process per student -> list of :class:`StudentRun`
 ``autograde_student``      one student, picklable arguments and result (for a Dask worker)
 ``feedback(a)``            ``nbgrader generate_feedback`` -> HTML per student
-``export_csv(path)``       ``nbgrader export`` -> CSV, one row per student and assignment
+``export_csv(path)``       ``nbgrader export`` -> CSV, one row per student and graded assignment
 ``read_grades()``          the gradebook as :class:`Grades` (per assignment and per test cell)
 ``format_tables(grades)``  the two text tables printed by ``make demo``
 ``run_class(subs_dir)``    all of the above in order -> :class:`ClassRun` (+ JSON report)
@@ -381,7 +381,9 @@ def feedback_files(assignment: str, root=None) -> dict:
 # ------------------------------------------------------------------------------------------ export
 def export_csv(path: str | os.PathLike | None = None, root=None, db_url: str | None = None,
                names: Iterable[str] | None = None) -> Path:
-    """``nbgrader export`` to ``path`` (default ``<root>/grades.csv``): one row per student and assignment."""
+    """``nbgrader export`` to ``path`` (default ``<root>/grades.csv``): one row per student and graded
+    assignment, with the hand-graded points still pending and the roster's ``lms_user_id``
+    (:mod:`rlhf_lab.instructor.operations.csv_export`)."""
     root = course_root(root)
     dest = Path(path).resolve() if path is not None else root / "grades.csv"
     args = ["export", "--to", str(dest)]

@@ -15,7 +15,9 @@ It writes one folder per run:
     PostgreSQL URL (restore with ``--restore`` or ``pg_restore --clean``).
 ``grades.csv``
     The course's CSV export (:class:`.csv_export.CsvExport`, what ``nbgrader export`` writes here: a
-    real CSV writer): one row per student and assignment, read from the snapshot, not the live database.
+    real CSV writer): one row per student and graded assignment (with ``lms_user_id``, the
+    auto/manual split and the hand-graded points still pending), read from the snapshot, not the
+    live database.
 ``grades_by_cell.csv``
     One row per student and graded cell: assignment, notebook, ``grade_id``, kind (test, answer,
     manual), auto/manual/final score, max score, whether a human still has to grade it, whether
@@ -323,7 +325,8 @@ def verify_backup(folder: str | os.PathLike, root=None) -> list[str]:
     """Problems with a backup folder (empty list: the backup is complete and consistent).
 
     Checks the manifest's hashes, that the SQLite snapshot opens and passes ``integrity_check``,
-    that ``grades_by_cell.csv`` sums to ``grades.csv`` per student and assignment, that every
+    that ``grades_by_cell.csv`` sums to ``grades.csv`` per student and assignment (its score and
+    its points still waiting for a grader; ``auto_score + manual_score == raw_score``), that every
     cell row points at a cell of ``source/`` with that ``grade_id`` and, for test cells, that the
     cell's nbgrader checksum still equals the one the gradebook graded with.
     """
@@ -350,14 +353,28 @@ def verify_backup(folder: str | os.PathLike, root=None) -> list[str]:
         finally:
             con.close()
     with open(folder / "grades.csv", newline="", encoding="utf-8") as fh:
-        totals = {(r["student_id"], r["assignment"]): float(r["raw_score"] or 0) for r in csv.DictReader(fh)}
+        summary = list(csv.DictReader(fh))
+    totals = {(r["student_id"], r["assignment"]): float(r["raw_score"] or 0) for r in summary}
+    # backups written before grades.csv carried these columns have none of them
+    waiting = {(r["student_id"], r["assignment"]): float(r["pending_manual_points"] or 0) for r in summary
+               if r.get("pending_manual_points") is not None}
+    for r in summary:
+        if r.get("auto_score") is not None and r.get("manual_score") is not None and \
+                abs(float(r["auto_score"] or 0) + float(r["manual_score"] or 0) - float(r["raw_score"] or 0)) > 1e-9:
+            problems.append(f"{(r['student_id'], r['assignment'])}: auto_score + manual_score is not raw_score "
+                            "in grades.csv")
     with open(folder / "grades_by_cell.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     sums: dict = {}
+    possible: dict = {}
+    pending: dict = {}
     notebooks: dict = {}
     for r in rows:
         key = (r["student"], r["assignment"])
         sums[key] = sums.get(key, 0.0) + float(r["score"])
+        possible[key] = possible.get(key, 0.0) + float(r["max_score"] or 0)
+        if r["needs_manual_grade"] == "True" and r["manual_score"] == "":
+            pending[key] = pending.get(key, 0.0) + float(r["max_score"] or 0)
         src = root / r["source_file"]
         if src not in notebooks:
             notebooks[src] = nbformat.read(str(src), as_version=4) if src.exists() else None
@@ -375,8 +392,13 @@ def verify_backup(folder: str | os.PathLike, root=None) -> list[str]:
     for key, total in totals.items():
         if abs(sums.get(key, 0.0) - total) > 1e-9:
             problems.append(f"{key}: cells add up to {sums.get(key, 0.0)}, grades.csv says {total}")
+    for key, points in waiting.items():
+        if abs(pending.get(key, 0.0) - points) > 1e-9:
+            problems.append(f"{key}: {pending.get(key, 0.0)} points wait for a grader in grades_by_cell.csv, "
+                            f"grades.csv says {points}")
     for key in sums:
-        if key not in totals:
+        # grades.csv has no rows for an assignment without points (max_score 0, csv_export.graded)
+        if key not in totals and (possible.get(key) or sums[key]):
             problems.append(f"{key}: in grades_by_cell.csv but not in grades.csv")
     return problems
 
