@@ -149,3 +149,93 @@ def test_bad_arguments_are_named():
         lms.parse_lms_filename(3)
     with pytest.raises(TypeError, match="rows must be a list"):
         lms.RosterIndex("roster.csv")
+
+
+def _add_assignment(root: Path, duedate: str | None):
+    args = ["db", "assignment", "add", A] + ([f"--duedate={duedate}"] if duedate else [])
+    run = pipeline.run_nbgrader(args, root)
+    assert run.ok, run.output[-2000:]
+
+
+@pytest.fixture()
+def fresh_course(tmp_path):
+    root = pipeline.copy_course(tmp_path / "course", REPO, include=("nbgrader_config.py", "release"))
+    (root / "roster.csv").write_text(ROSTER, encoding="utf-8")
+    return root
+
+
+def test_a_file_canvas_marks_late_is_collected_as_late(fresh_course):
+    """Canvas's ``_late_`` survives collection: the submission's timestamp is after the gradebook's due date
+    (Canvas's download does not say when, so 1 second after it), which is what nbgrader reads as late."""
+    from nbgrader.utils import parse_utc
+
+    first, second = NOTEBOOKS
+    _add_assignment(fresh_course, "2026-11-30 23:59:00 UTC")
+    run = _zip_collect(fresh_course, {
+        f"okaforada_40101_900001_{first}.ipynb": _submission("ada_correct", first),
+        f"moreauben_late_40102_900002_{first}.ipynb": _submission("ben_unchanged", first),
+        f"moreauben_40102_900002_{second}.ipynb": _submission("ben_unchanged", second),
+    }, "submissions.zip")
+    assert run.ok, run.output[-3000:]
+    stamp = fresh_course / "submitted" / "ben_unchanged" / A / "timestamp.txt"
+    assert parse_utc(stamp.read_text()) == parse_utc("2026-11-30 23:59:01 UTC")
+    assert "as LATE (Canvas marks it late" in run.output
+    assert not (fresh_course / "submitted" / "ada_correct" / A / "timestamp.txt").exists()
+
+
+def test_a_late_mark_without_a_due_date_says_how_to_keep_it(fresh_course):
+    _add_assignment(fresh_course, None)
+    first = NOTEBOOKS[0]
+    run = _zip_collect(fresh_course, {f"moreauben_late_40102_900002_{first}.ipynb": _submission("ben_unchanged", first)},
+                       "submissions.zip")
+    assert run.ok, run.output[-3000:]
+    assert "has no due date in the gradebook" in run.output and "--duedate" in run.output
+    assert (fresh_course / "submitted" / "ben_unchanged" / A / f"{first}.ipynb").exists()
+
+
+def test_force_never_deletes_an_exchange_submission_without_a_backup(fresh_course):
+    """A submission that came in through the exchange (notebook and timestamp) is copied to backups/
+    before ``zip_collect --force`` replaces it, and the instructor is told where."""
+    first = NOTEBOOKS[0]
+    earlier = fresh_course / "submitted" / "ada_correct" / A
+    earlier.mkdir(parents=True)
+    (earlier / f"{first}.ipynb").write_bytes(_submission("ben_unchanged", first))
+    (earlier / "timestamp.txt").write_text("2026-11-29 10:00:00.000000 UTC")
+    (earlier / "link_to_gradebook").symlink_to(fresh_course / "gradebook.db")
+    run = _zip_collect(fresh_course, {f"okaforada_40101_900001_{first}.ipynb": _submission("ada_correct", first)},
+                       "submissions.zip")
+    assert run.ok, run.output[-3000:]
+    [backup] = (fresh_course / "backups" / "zip_collect").glob(f"*/ada_correct/{A}")
+    assert (backup / f"{first}.ipynb").read_bytes() == _submission("ben_unchanged", first)
+    assert (backup / "timestamp.txt").read_text() == "2026-11-29 10:00:00.000000 UTC"
+    assert not (backup / "link_to_gradebook").exists() and not (backup / "link_to_gradebook").is_symlink()
+    assert f"is backed up in {backup}" in run.output.replace("\n", " ")
+    assert (earlier / f"{first}.ipynb").read_bytes() == _submission("ada_correct", first)
+
+
+def test_real_download_names_of_canvas_and_moodle(fresh_course):
+    """The names Canvas and Moodle give in their downloads, beyond one notebook per student: files that are
+    not notebooks (a PDF, Moodle's online text), a group member's upload, re-uploads and a late re-upload."""
+    first, second = NOTEBOOKS
+    run = _zip_collect(fresh_course, {
+        f"okaforada_40101_900001_{first}.ipynb": _submission("ada_correct", first),
+        f"okaforada_40101_900001_{second}-1.ipynb": _submission("ada_correct", second),
+        "okaforada_40101_900001_notes.pdf": b"%PDF-1.4",
+        f"moreauben_late_40102_900002_{first}-2.ipynb": _submission("ben_unchanged", first),
+        f"moreauben_40102_900002_{first}.ipynb": _submission("ada_correct", first),
+    }, "submissions.zip")
+    assert run.ok, run.output[-3000:]
+    sub = fresh_course / "submitted"
+    assert (sub / "ada_correct" / A / f"{second}.ipynb").read_bytes() == _submission("ada_correct", second)
+    assert (sub / "ben_unchanged" / A / f"{first}.ipynb").read_bytes() == _submission("ben_unchanged", first)
+    assert not list(sub.rglob("*.pdf"))
+    run = _zip_collect(fresh_course, {
+        f"Ben Moreau_5502_assignsubmission_file_/{first} (1).ipynb": _submission("ben_unchanged", first),
+        f"Ben Moreau_5502_assignsubmission_file_/{first}.ipynb": _submission("ada_correct", first),
+        "Ben Moreau_5502_assignsubmission_onlinetext_onlinetext.html": b"<p>see notebook</p>",
+        f"Ada Okafor_5501_assignsubmission_file_/{second}.ipynb": _submission("ada_correct", second),
+    }, "moodle.zip")
+    assert run.ok, run.output[-3000:]
+    assert (sub / "ben_unchanged" / A / f"{first}.ipynb").read_bytes() == _submission("ben_unchanged", first)
+    assert "Invalid submission notebook name" not in run.output
+    assert not list(sub.rglob("*.html"))

@@ -30,6 +30,13 @@ gives a released notebook. When a student uploaded one notebook more than once, 
 (the highest suffix) is collected and each earlier one is reported as skipped; nbgrader's own
 ``zip_collect`` would stop the whole collection ("Duplicate submission file").
 
+Canvas's ``late_`` mark is kept: such a file's submission gets a timestamp 1 second after the
+assignment's due date in the gradebook (the download does not say when it came), so nbgrader shows
+it late; without a due date the collector says how to set one. With ``--force`` nbgrader deletes a
+student's ``submitted/<id>/<assignment>/`` (an exchange submission and its timestamp included)
+before copying: the collector first copies it to ``backups/zip_collect/<UTC time>/<id>/<assignment>/``
+without following anything and says where; when that copy fails the student is not collected.
+
 What a student controls is never an identity:
 
 * **Only the LMS's own naming decides whose a file is.** The LMS prefix must be the *first* path
@@ -54,6 +61,7 @@ nbgrader are imported: nbgrader's process never imports JAX).
 from __future__ import annotations
 
 import csv
+import datetime
 import os
 import re
 import shutil
@@ -582,6 +590,21 @@ def layout_origin(path: str, archive_dir: str, extracted_dir: str, zip_ext) -> O
     return None
 
 
+def _safe_files():
+    """``grader/safe_files.py`` (standard library only), loaded by its path like this module."""
+    import importlib.util
+    import sys
+
+    name = "rlhf_lab_course_safe_files"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "grader", "safe_files.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 class LmsFileNameCollector(FileNameCollectorPlugin):
     """nbgrader ``zip_collect`` plugin for Canvas and Moodle download names (see the module docstring)."""
 
@@ -594,6 +617,9 @@ class LmsFileNameCollector(FileNameCollectorPlugin):
     _contested = None
     _reported = None
     _latest = None
+    _due = None
+    _backed_up = None
+    _run_stamp = None
 
     def index(self) -> RosterIndex:
         if self._index is None:
@@ -736,6 +762,81 @@ class LmsFileNameCollector(FileNameCollectorPlugin):
             self.log.warning("Skipped %s: an earlier upload of %s by %s; the latest one, %s, is collected",
                              shown, file_id, sid, latest)
             return None
+        if not self._backed_up_before_force(sid):
+            return None
         if rank:
             self.log.info("Collected %s as %s for %s (its latest upload)", shown, file_id, sid)
-        return {"student_id": sid, "file_id": file_id}
+        found = {"student_id": sid, "file_id": file_id}
+        if info.get("late"):
+            stamp = self._late_timestamp()
+            if stamp is not None:
+                found["timestamp"] = stamp
+                self.log.warning("Collected %s for %s as LATE (Canvas marks it late; the download does not say "
+                                 "when it came, so it is recorded as 1 second after the due date, %s)",
+                                 shown, sid, stamp.replace(microsecond=0) - datetime.timedelta(seconds=1))
+            else:
+                self.log.warning("Canvas marks %s late, but assignment %r has no due date in the gradebook, so "
+                                 "nbgrader cannot show it late: set one (nbgrader db assignment add %s "
+                                 "--duedate=...) and collect again with --force", shown, self._assignment(),
+                                 self._assignment())
+        return found
+
+    # -- late files and what --force would delete ----------------------------------------------
+    def _assignment(self) -> str:
+        coursedir = getattr(self.parent, "coursedir", None)
+        return getattr(coursedir, "assignment_id", "") or ""
+
+    def _late_timestamp(self) -> Optional[datetime.datetime]:
+        """One second after the assignment's due date in the gradebook (naive UTC, as nbgrader stores
+        it), or None when the gradebook has no due date for it. Read once per run."""
+        if self._due is None:
+            self._due = (None,)
+            coursedir = getattr(self.parent, "coursedir", None)
+            url = getattr(coursedir, "db_url", "") or ""
+            path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else None
+            if coursedir is not None and url and (path is None or os.path.isfile(path)):
+                from nbgrader.api import Gradebook, MissingEntry
+
+                try:
+                    with Gradebook(url, course_id=getattr(coursedir, "course_id", "") or "default_course") as gb:
+                        due = gb.find_assignment(self._assignment()).duedate
+                except MissingEntry:
+                    due = None
+                self._due = (due,)
+        due = self._due[0]
+        return None if due is None else due + datetime.timedelta(seconds=1)
+
+    def _backed_up_before_force(self, sid: str) -> bool:
+        """With ``--force``, nbgrader deletes ``submitted/<sid>/<assignment>/`` (an exchange submission
+        and its timestamp included) before copying the LMS file in. Copy it first, without following
+        anything a student planted, to ``backups/zip_collect/<UTC time>/<sid>/<assignment>/``, and
+        say so. False (the student is not collected) when the copy fails: nothing is deleted unbacked."""
+        coursedir = getattr(self.parent, "coursedir", None)
+        if not getattr(self.parent, "force", False) or coursedir is None:
+            return True
+        self._backed_up = self._backed_up if self._backed_up is not None else {}
+        if sid in self._backed_up:
+            return self._backed_up[sid]
+        assignment = self._assignment()
+        current = coursedir.format_path(coursedir.submitted_directory, sid, assignment)
+        ok = True
+        if os.path.isdir(current) and not os.path.islink(current) and os.listdir(current):
+            if self._run_stamp is None:
+                self._run_stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+            dest = os.path.join(coursedir.root, "backups", "zip_collect", self._run_stamp, sid, assignment)
+            try:
+                safe_files = _safe_files()
+                safe_files.add_course_root(coursedir.root)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                refused: list = []
+                safe_files.copy_tree_safely(current, dest, refused=refused)
+                for item in refused:
+                    self.log.warning("Backup of %s: %s", sid, getattr(item, "message", item))
+                self.log.warning("zip_collect --force replaces %s's submission of %s; what was there (timestamp.txt "
+                                 "included) is backed up in %s", sid, assignment, dest)
+            except (OSError, ValueError) as exc:
+                ok = False
+                self.log.error("Not collected for %s: --force would delete %s, and backing it up failed (%s); "
+                               "nothing of %s was changed", sid, current, exc, sid)
+        self._backed_up[sid] = ok
+        return ok
