@@ -259,3 +259,18 @@ _at = _steps.index(_JudgedExecute) + 1  # right after the (judged) Execute
 c.Autograde.autograde_preprocessors = _steps[:_at] + [_sweep] + _steps[_at:]
 c.ExchangeFactory.collect = _planted.safe_collect_class()
 c.ExchangeFactory.release_feedback = _planted.safe_release_feedback_class()
+
+# --- points: source/ and the gradebook agree, or every autograde says so ------------------------------
+# (rlhf_lab/instructor/grader/points_sync.py) nbgrader grades with the points the gradebook recorded at
+# the last `nbgrader generate_assignment`; a test whose points changed in source/ since then is named,
+# with the command that updates the gradebook, at the start of every autograde (CLI, Formgrader, course
+# command, Dask). Nothing is changed.
+_points_sync = _course_module("grader/points_sync.py", "rlhf_lab_course_points_sync")
+c.PointsDrift.source_root = os.path.join(_root, "source")
+c.PointsDrift.course_id = c.CourseDirectory.course_id
+from nbgrader.converters.autograde import Autograde as _Autograde  # noqa: E402
+
+_sanitize = (list(c.Autograde.sanitize_preprocessors) if "sanitize_preprocessors" in c.Autograde
+             else list(_Autograde.class_traits()["sanitize_preprocessors"].default()))
+if _points_sync.PointsDrift not in _sanitize:
+    c.Autograde.sanitize_preprocessors = [_points_sync.PointsDrift] + _sanitize
