@@ -383,6 +383,25 @@ print("capped pair: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "ex3_explanation", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
+# **Model answer.** My pair is ratio 1.8 with $A = 1.5$, and the cell printed: unclipped 2.7000,
+# clipped 1.8000, the clip removes 0.9000 (33% of the incentive). Past $1 + \varepsilon = 1.2$ the
+# clipped term stays at $1.2 \times 1.5 = 1.8 = (1+\varepsilon)A$ whatever the ratio does, so the
+# objective is flat there: its slope in the ratio is 0, and this batch offers no reason to raise the
+# action's probability any further, however good the action is. A third of what the plain
+# surrogate would pay is gone.
+#
+# PPO gives that up because $A = 1.5$ is a single estimate: in a real run it comes from sampled
+# rewards and a learned baseline, so it may be noise or simply too high. If the objective kept
+# paying $\rho A$ without limit, one lucky estimate could push the policy a long way in one update,
+# and such a jump is hard to take back (the next batch is then sampled from the damaged policy);
+# a right step that is only smaller costs a little time, a wrong big one can ruin the run.
+#
+# The cap holds for one iteration only, because the ratio is measured against the policy that
+# sampled the batch. The next rollout is collected from the updated policy, which becomes the new
+# old policy, so every ratio starts again at 1. If the action really is that good, its advantage
+# comes out positive again and the objective again pays for raising its probability, up to 1.2
+# times its new value: iteration after iteration the probability keeps climbing, in bounded steps.
+#
 # **Rubric (3 points).**
 # - 1 pt: quotes their own printed numbers, e.g. ratio 1.8 and A = 1.5 give unclipped 2.7
 #   but clipped 1.8, so the step's incentive is capped at (1 + epsilon) A and a third of it is

@@ -269,6 +269,25 @@ print("beta_sweep: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "ex2_discussion", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
+# **Model answer.** For the far reference (KL = 1.9827589 nats) and a raw reward of 1.0 the sweep
+# printed: β = 0.01 consumes 1.98% (penalised +0.98017), β = 0.1 consumes 19.83% (+0.80172),
+# β = 0.5 consumes 99.14% (+0.00862) and β = 1.0 consumes 198.28% (−0.98276). The share is
+# $\beta\,\mathrm{KL}/r$, so it grows in proportion to β: at 0.5 almost nothing of the reward is left,
+# and at 1.0 the drift is charged about twice what the reward is worth, so the penalised reward is
+# negative and moving that far does not pay at all.
+#
+# A larger β makes every nat of drift from the frozen reference (the supervised model) more
+# expensive, so the policy stays close to it. The team keeps more of what that model already does
+# well (fluent text, general knowledge, following instructions), leaves the policy less room to
+# find and exploit the weak spots of an imperfect reward model (reward hacking), and gets a
+# steadier run.
+#
+# What it gives up is improvement: the policy may move less, so it learns more slowly and ends with
+# less reward; the best penalised policy lies nearer the reference, so some of the gains the reward
+# model asks for are never made. Too small a β has the opposite failure: the policy drifts far and
+# over-optimises the reward model. β is a dial between the two, which teams tune, or adjust during
+# training so that the measured KL stays near a chosen target.
+#
 # **Rubric (3 points).**
 # - 1 pt: quotes the numbers: for KL about 1.98 nats, beta 0.01 / 0.1 / 0.5 / 1.0 consume
 #   about 2 % / 20 % / 99 % / 198 % of a raw reward of 1.0 (penalised 0.980 / 0.802 / 0.009 /
@@ -483,6 +502,32 @@ print("clipped_kl_loss: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "challenge_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
+# **Model answer.** Partly right about a single step, wrong as a conclusion. The clip limits the
+# incentive of one update only: the ratio is measured against $\pi_\text{old}$, the policy that
+# sampled the current batch, and a sample stops paying once its ratio has moved past the band in
+# the direction its advantage favours. It says nothing about the total change over training.
+#
+# What I measured: ratio 1.8 with $A = +1$ gives unclipped +1.8000 but clipped +1.2000; the sweep
+# puts the boundary at 1.20 (the grid ratios 1.25 to 2.00 all diverge), and the gradient column
+# gives d/d ratio = +0.00 for that row. Beyond $1 + \varepsilon$ the objective is flat, so within
+# one step there is nothing to gain by pushing that probability higher.
+#
+# But PPO alternates rollouts and updates many times. Each rollout is sampled from the latest
+# policy, which becomes the new $\pi_\text{old}$, so every ratio restarts at 1 and the band is again
+# centred on the current probabilities. While the data keep giving the action a positive
+# advantage, every iteration raises its probability again, and compounded over many iterations the
+# change can be as large as the data justify: reached gradually, not capped. That is the bargain:
+# less aggressive single steps, in exchange for not letting one noisy or overestimated advantage
+# throw the policy far off in a single update.
+#
+# The clip is also one-sided. Ratio 1.8 with $A = -1$ keeps the full −1.8000 (not −1.2) and its
+# gradient is −1.00, so an update that wrongly raised a bad action is always corrected in full.
+# And the clip does not hold the policy anywhere: in the batch where every term was clipped the
+# gradient was exactly 0 with β = 0, and with β = 0.1 it was exactly β times the KL's gradient,
+# [0.093956, −0.049622, −0.032211, −0.012122]. What limits the long-run drift in RLHF is the KL
+# penalty (a choice of β), not the clip. The colleague mistakes a bound on one step for a ceiling
+# on the total change: the clip makes PPO more careful, at most slower, not unable to learn.
+#
 # **Rubric (4 points).**
 # - 1 pt: identifies what the clip bounds: the incentive of ONE update step relative to the
 #   old policy that collected the batch (ratio measured against pi_old), not the total change
@@ -508,6 +553,16 @@ print("clipped_kl_loss: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q1", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
+# **Model answer.** A full PPO iteration samples responses from the live policy, scores them with
+# a reward model, estimates each advantage with a value function (a critic), then updates the
+# weights of a real model, and repeats this many times; none of that runs here, since it needs a
+# real model, a critic and many iterations, far beyond what a small CPU exercise can afford.
+#
+# What the assignment does check, on hand-picked numbers, are the two formulas that keep PPO's
+# updates safe: the clipped surrogate objective
+# $\min(\rho A, \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon)A)$ and the KL penalty
+# $r - \beta\,\mathrm{KL}(\pi \,\|\, \pi_\text{ref})$ against a frozen reference policy.
+#
 # **Rubric (1 point).** Full credit: names what a full PPO iteration needs and is not run here (rollouts from a live
 # policy, a reward model scoring them, a value function / critic for the advantage, many
 # iterations of weight updates on a real model: too expensive for a CPU toy) and the two
@@ -520,6 +575,14 @@ print("clipped_kl_loss: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q2", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
+# **Model answer.** $\text{objective}(\rho, A) = \min\big(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon)\,A\big)$
+# with $\rho = \pi_\text{new}(a)/\pi_\text{old}(a)$. ε is the half-width of the
+# band around $\rho = 1$ (probability unchanged) inside which the clipped term follows the ratio;
+# with ε = 0.2 the clipped term uses the ratio limited to [0.8, 1.2] before multiplying by $A$,
+# which is why my sweep found the boundaries 1.20 for $A > 0$ and 0.80 for $A < 0$. Outside the band
+# a sample just stops adding incentive; it is not a trust region, and nothing prevents a ratio
+# from leaving it.
+#
 # **Rubric (1 point).** Full credit: objective = min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A); epsilon is the
 # half-width of the clip band around ratio = 1 (no change); with epsilon = 0.2 the ratio
 # is clipped to [0.8, 1.2] inside the clipped term before multiplying by the advantage (a band
@@ -531,6 +594,12 @@ print("clipped_kl_loss: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q3", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
+# **Model answer.** Unclipped: $1.8 \times 1 = 1.8$. Clipped: $\operatorname{clip}(1.8, 0.8, 1.2) = 1.2$,
+# so $1.2 \times 1 = 1.2$, and $\min(1.8, 1.2) = 1.2$ (my table printed +1.8000 and +1.2000,
+# diverge=True). They differ because 1.8 lies above $1 + \varepsilon = 1.2$: with a positive advantage
+# the capped term is the smaller product, so the objective stops growing at 1.2 and this step earns
+# nothing more for raising a good action's probability further.
+#
 # **Rubric (1 point).** Full credit: unclipped 1.8, clipped 1.2. The ratio exceeds 1 + epsilon = 1.2, so the clipped
 # term caps it at 1.2 before multiplying by the positive advantage and the min picks 1.2: one
 # step gets no extra reward for pushing a good action's probability further.
@@ -541,6 +610,13 @@ print("clipped_kl_loss: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q4", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
+# **Model answer.** Unclipped: $1.8 \times (-1) = -1.8$. Clipped: $\operatorname{clip}(1.8, 0.8, 1.2) = 1.2$,
+# so $1.2 \times (-1) = -1.2$. The minimum is $\min(-1.8, -1.2) = -1.8$, the unclipped term, so the
+# clip has no effect here (my table printed −1.8000 for both, diverge=False, and the gradient
+# stays −1). The clip is asymmetric: it removes the reward for going on in a direction that already
+# helped, but when an update has raised a bad action's probability the full penalty and its full
+# gradient remain, so that mistake is corrected without any discount.
+#
 # **Rubric (1 point).** Full credit: clip(1.8, 0.8, 1.2) = 1.2, clipped term 1.2 * -1 = -1.2; unclipped 1.8 * -1 =
 # -1.8; min(-1.8, -1.2) = -1.8, the unclipped value, so the clip has no effect. The clip never
 # softens the incentive to correct an update that raised a bad action's probability; it only
@@ -552,6 +628,12 @@ print("clipped_kl_loss: visible checks passed")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "cyu_q5", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # ### BEGIN SOLUTION
+# **Model answer.** With β = 0.1 the close reference (KL = 0.0072039 nats) leaves a penalised
+# reward of 0.99928, practically the whole raw 1.0; the far reference (KL = 1.9827589 nats) leaves
+# 0.80172, about a fifth less. The raw reward is identical, so the whole gap is drift: the penalty
+# is β times the KL, so at a fixed β it grows linearly with how far the policy has moved from the
+# frozen reference, and the same behaviour is worth less the further the policy has wandered.
+#
 # **Rubric (1 point).** Full credit: close reference KL about 0.0072 nats gives 0.99928, nearly the raw 1.0; far
 # reference KL about 1.98 nats gives 0.80172, about a fifth of the reward lost. The same raw
 # reward is penalised in proportion to how far the policy has drifted from the frozen

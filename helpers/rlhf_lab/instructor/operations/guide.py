@@ -7,7 +7,12 @@ writes one Markdown page per assignment (``guides/<assignment>.md``), to open be
 grades (a written answer with points, a task cell, an answer cell graded by hand) it lists, in
 notebook order:
 
-* where it is: notebook, ``grade_id`` (what Formgrader shows), points;
+* where it is, named as Formgrader's grading page shows it: the notebook (the page's title), the
+  heading or bold label printed just above the answer box (:func:`screen_title`: ``Task 1.5:
+  explain the trade-off (3 points, graded by hand)``) and the box's own label with its points
+  (:func:`formgrader_box`: ``Student's answer / 3.0``). Formgrader prints a cell's ``grade_id``
+  only on autograded test cells, never on a written answer or a task, so the ``grade_id`` is
+  listed apart (the gradebook, the exported CSVs and the anchors use it);
 * the question: the markdown cells between the previous graded cell and this one, from the last
   section heading (``#`` or ``##``) among them: a new section starts a new question;
 * the model answer and the rubric, split from the solution text: a paragraph that starts with
@@ -48,6 +53,13 @@ class GuideEntry:
     question: str
     model_answer: str
     rubric: str
+    title: str = ""  # the heading or bold label just above the box on Formgrader's page
+    box: str = ""  # the box's label and points as Formgrader prints them: "Student's answer / 3.0"
+
+    @property
+    def screen_name(self) -> str:
+        """The section's name as a grader finds it on Formgrader's page of this notebook."""
+        return " · ".join(p for p in (self.notebook, self.title, self.box) if p)
 
 
 def _md(cell) -> dict:
@@ -60,6 +72,53 @@ def is_hand_graded(cell) -> bool:
     if md.get("task"):
         return True
     return bool(md.get("grade") and md.get("solution"))
+
+
+_HEADING_LINE = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
+_BOLD_LEAD = re.compile(r"^\s{0,3}(\*\*|__)(.+?)\1")
+
+
+def _plain(text: str) -> str:
+    """Inline Markdown (emphasis, code) removed, as the rendered page reads; ``|`` kept, spaces collapsed."""
+    text = re.sub(r"(\*\*|__)(.+?)\1", r"\2", text)
+    text = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*", r"\1", text)
+    text = text.replace("`", "")
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def screen_title(question: str) -> str:
+    """What a grader reads just above the answer box on Formgrader's page: the last Markdown
+    heading or bold paragraph label (``**Task 2.8 (Q1, 1 point).**``) of the question, as plain text
+    (a label's closing ``.`` or ``:`` dropped); without either, the question's first words."""
+    title = ""
+    for paragraph in re.split(r"\n\s*\n", question or ""):
+        first = paragraph.strip("\n").split("\n", 1)[0]
+        for line in paragraph.split("\n"):
+            heading = _HEADING_LINE.match(line)
+            if heading:
+                title = _plain(heading.group(1))
+        bold = _BOLD_LEAD.match(first)
+        if bold and not _HEADING_LINE.match(first):
+            title = _plain(bold.group(2)).rstrip(".:").strip()
+    if title or not (question or "").strip():
+        return title
+    words = _plain(question).split()
+    return " ".join(words[:8]) + (" …" if len(words) > 8 else "")
+
+
+def formgrader_box(md: dict) -> str:
+    """The label and points Formgrader prints on a graded cell's box, after nbgrader's template
+    (``formgrade/index.html.j2``: "Student's task" for a task, "Student's answer" for a solution
+    cell, the ``grade_id`` for an autograded test cell; then ``/ {{ points | float | round(2) }}``)."""
+    if md.get("task"):
+        label = "Student's task"
+    elif md.get("solution"):
+        label = "Student's answer"
+    else:
+        label = f"`{md.get('grade_id', '?')}`"
+    if md.get("grade") or md.get("task"):
+        label += f" / {round(float(md.get('points', 0) or 0), 2)}"
+    return label
 
 
 def split_solution(source: str) -> tuple[str, str]:
@@ -95,8 +154,9 @@ def notebook_entries(nb, notebook: str) -> list[GuideEntry]:
             answer, rubric = split_solution(cell.source)
             kind = "task" if md.get("task") else ("written answer" if cell.cell_type == "markdown"
                                                   else "code answer graded by hand")
+            text = "\n\n".join(q for q in question if q).strip()
             entries.append(GuideEntry(notebook, md.get("grade_id", "?"), float(md.get("points", 0) or 0), kind,
-                                      "\n\n".join(q for q in question if q).strip(), answer, rubric))
+                                      text, answer, rubric, screen_title(text), formgrader_box(md)))
             question = []
         elif md.get("grade") or md.get("solution"):
             question = []  # an autograded part: the next question starts after it
@@ -122,20 +182,30 @@ def _quote(text: str) -> str:
     return "\n".join(("> " + line) if line.strip() else ">" for line in text.split("\n"))
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
 def render_guide(assignment: str, entries: list) -> str:
     """The Markdown text of the grader's guide of ``assignment`` (deterministic)."""
     total = sum(e.points for e in entries)
     lines = [f"# Grader's guide: {assignment}", "",
              f"Generated from `source/{assignment}/` by `python -m rlhf_lab.instructor.operations.guide`; do not edit by hand.",
-             f"{len(entries)} hand-graded cells, {total:g} points. Open it beside Formgrader (Manual Grading): "
-             "each section is headed by the notebook and the `grade_id` Formgrader shows above the answer.",
+             f"{len(entries)} hand-graded cells, {total:g} points. Open it beside Formgrader (Manual Grading > "
+             f"`{assignment}` > a notebook > a submission). Each section is named as that page shows it: the notebook "
+             "(the page's title), the heading or bold label just above the answer box, and the box's label with "
+             "its points (\"Student's answer / 3.0\"). Formgrader does not print the `grade_id` of a hand-graded "
+             "cell; it is listed for the gradebook and the exported CSVs.",
              ""]
-    lines += ["| # | notebook | grade_id | kind | points |", "|---|---|---|---|---|"]
+    lines += ["| # | notebook | above the answer box | Formgrader's box | kind | grade_id (not on the page) |",
+              "|---|---|---|---|---|---|"]
     for i, e in enumerate(entries, 1):
-        lines.append(f"| {i} | {e.notebook} | [`{e.grade_id}`](#{e.notebook}-{e.grade_id}) | {e.kind} | {e.points:g} |")
+        lines.append(f"| {i} | {e.notebook} | [{_cell(e.title or e.grade_id)}](#{e.notebook}-{e.grade_id}) | "
+                     f"{_cell(e.box)} | {e.kind} | `{e.grade_id}` |")
     for i, e in enumerate(entries, 1):
         lines += ["", f'<a id="{e.notebook}-{e.grade_id}"></a>', "",
-                  f"## {i}. {e.notebook} / `{e.grade_id}` ({e.points:g} points, {e.kind})", "",
+                  f"## {i}. {e.screen_name}", "",
+                  f"{e.kind}, {e.points:g} points; grade_id `{e.grade_id}`", "",
                   "### Question", "", _quote(e.question) if e.question else "_(no question text before this cell)_",
                   "", "### Model answer", "", e.model_answer or "_(none in the source)_",
                   "", "### Rubric", "", e.rubric or f"_(no rubric in the source: full {e.points:g} points for a "
