@@ -29,7 +29,7 @@
 # | `test_seq_policy_loss` | 2 | autograded |
 # | `test_seq_value_loss` | 2 | autograded |
 #
-# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is.
+# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Validate's "Success! Your notebook passes all the tests." means the visible tests passed, not that you have full marks. Keep the first code cell as it is.
 
 # %% nbgrader={"grade": false, "grade_id": "grading_start_seq", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from rlhf_lab import grading

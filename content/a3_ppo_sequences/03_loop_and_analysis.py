@@ -31,7 +31,7 @@
 # | `seq_analysis_a1` | 3 | graded by hand |
 # | `seq_analysis_a2` | 3 | graded by hand |
 #
-# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Keep the first code cell as it is.
+# Run the notebook top to bottom after restarting the kernel. Visible tests help you; hidden tests on fresh random inputs decide the grade. Validate's "Success! Your notebook passes all the tests." means the visible tests passed, not that you have full marks. Keep the first code cell as it is.
 
 # %% nbgrader={"grade": false, "grade_id": "grading_start_seq", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from rlhf_lab import grading
