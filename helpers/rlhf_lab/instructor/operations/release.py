@@ -5,6 +5,10 @@
   gradebook), and removes ``release/`` folders whose source is gone.
 * :func:`release_diff` regenerates into a temporary copy of the course and lists the files that
   differ from the committed ``release/``.
+* Every released notebook carries the ``language_info`` of the course's kernel
+  (:func:`kernel_language_info`, the values ipykernel reports in this environment). JupyterLab writes
+  that into a notebook as soon as its kernel starts; a notebook without it (or with another Python
+  version) therefore opens already marked as modified. Canonical comparisons ignore it.
 * :func:`leaks` lists every piece of instructor-only text found in ``release/``: nbgrader's
   delimiters, the lines of solutions, hidden tests and mark schemes (each line that also appears in
   the source outside those regions is given code, not a leak).
@@ -41,7 +45,31 @@ def make_release(root=None, names=None) -> list[str]:
     for child in sorted(release.iterdir()) if release.is_dir() else []:
         if child.is_dir() and child.name not in assignments(root):
             shutil.rmtree(child)
+    for name in names:
+        for path in sorted((release / name).rglob("*.ipynb")):
+            if ".ipynb_checkpoints" not in path.parts:
+                with_kernel_language_info(path)
     return names
+
+
+def kernel_language_info() -> dict:
+    """The ``language_info`` the course's Python kernel reports (ipykernel's, for this interpreter)."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    return dict(IPythonKernel.language_info)
+
+
+def with_kernel_language_info(path: Path) -> bool:
+    """Give the notebook at ``path`` the kernel's ``language_info`` (so it opens unmodified); True if it changed."""
+    path = Path(path)
+    before = path.read_text(encoding="utf-8")
+    nb = nbformat.reads(before, as_version=4)
+    nb.metadata["language_info"] = kernel_language_info()
+    after = nbformat.writes(nb) + "\n"
+    if after != before:
+        path.write_text(after, encoding="utf-8")
+        return True
+    return False
 
 
 def _files(folder: Path) -> dict:
