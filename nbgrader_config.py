@@ -274,3 +274,15 @@ _sanitize = (list(c.Autograde.sanitize_preprocessors) if "sanitize_preprocessors
              else list(_Autograde.class_traits()["sanitize_preprocessors"].default()))
 if _points_sync.PointsDrift not in _sanitize:
     c.Autograde.sanitize_preprocessors = [_points_sync.PointsDrift] + _sanitize
+
+# --- feedback pages: the course's MathJax, offline; wrapped lines (begin; grader/html_safety.py) ---
+# FeedbackExporter typesets math with the MathJax that `jupyter-server-mathjax` (requirements.txt)
+# installs with the course, never a CDN: served by the Jupyter server when the page is opened in
+# JupyterLab (/files/...), else this file:// URL (a page opened from disk: feedback/, or a student's
+# fetched <assignment>/feedback/<time>/ on the same machine). Its one inline loader is the only script
+# the page's Content-Security-Policy lets run, by its SHA-256 (this supersedes "forbidding all script"
+# above); "" switches MathJax off and the page runs no script at all (math shows as TeX). Long lines of
+# outputs, tracebacks and code wrap, so a failing cell's diagnosis is never cut off at the right edge.
+c.FeedbackExporter.mathjax_url = _html_safety.local_mathjax_url()
+c.FeedbackExporter.wrap_long_lines = True
+# --- feedback pages (end) ---

@@ -7,8 +7,8 @@ http-equiv=refresh>``). Formgrader renders the autograded notebook on the same o
 Jupyter API (with its XSRF cookie), and the feedback pages students open are rendered from the
 same notebooks, so anything that runs there acts as the instructor.
 
-This module sanitises the notebook *as data* (stdlib, nbconvert, bleach and traitlets only; the
-course's ``nbgrader_config.py`` loads it by file path):
+This module sanitises the notebook *as data* (stdlib, nbconvert with its jinja2, bleach and
+traitlets only; the course's ``nbgrader_config.py`` loads it by file path):
 
 * :class:`SanitizeNotebook` (an nbconvert preprocessor) keeps, in every output, only
   ``text/plain``, ``text/latex``, ``image/png``, ``image/jpeg`` (valid base64), sanitised
@@ -23,7 +23,11 @@ course's ``nbgrader_config.py`` loads it by file path):
   it as the exporters' ``clean_html`` filter, which nbconvert applies to HTML and markdown outputs
   once ``HTMLExporter.sanitize_html`` is on.
 * :class:`FeedbackExporter` is nbconvert's HTML exporter plus a Content-Security-Policy ``<meta>``
-  (:data:`FEEDBACK_CSP`: no script at all, no requests, no forms, no frames) in every page.
+  (:data:`FEEDBACK_CSP`: no requests, no forms, no frames, and no script but the course's MathJax)
+  in every page. The page loads MathJax from the course environment (``jupyter-server-mathjax``,
+  never a CDN): one inline loader whose SHA-256 is the only script source the policy names
+  (``'strict-dynamic'`` lets the files MathJax loads itself run, nothing parser-inserted); its long
+  lines wrap (:data:`WRAP_CSS`), so a failing cell's diagnosis is never cut off.
 
 Everything is idempotent: cleaning a clean notebook changes nothing.
 """
@@ -31,14 +35,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import html
+import importlib.util
+import json
 import re
 import urllib.parse
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
+from jinja2 import DictLoader
 from nbconvert.exporters import HTMLExporter
 from nbconvert.preprocessors import Preprocessor
-from traitlets import Bool, Unicode
+from traitlets import Bool, Unicode, default
 
 SCRIPT_NOTE = "[an output that runs script was removed by the grader]"
 UNSAFE_NOTE = "[an output that cannot be shown safely was removed by the grader]"
@@ -49,7 +58,7 @@ KEPT_MIMES = ("text/plain", "text/latex", "image/png", "image/jpeg", "text/html"
               "image/svg+xml")
 
 #: The Content-Security-Policy of feedback pages: nothing in them may run, fetch, submit or frame.
-#: (MathJax is loaded from a CDN by nbgrader's template and is blocked too: math shows as TeX.)
+#: :class:`FeedbackExporter` lets exactly its MathJax loader run (see :func:`allow_script`).
 FEEDBACK_CSP = ("default-src 'none'; script-src 'none'; object-src 'none'; frame-src 'none'; "
                 "connect-src 'none'; form-action 'none'; base-uri 'none'; img-src 'self' data: https:; "
                 "style-src 'unsafe-inline'; font-src data:")
@@ -699,6 +708,102 @@ class SanitizeNotebook(Preprocessor):
 
 
 # ----------------------------------------------------------------------------------- feedback pages
+#: The MathJax configuration file of ``jupyter-server-mathjax`` (MathJax 2.7.9 with its STIX-Web
+#: fonts, HTML-CSS output) and the ``Safe`` extension (no ``\href{javascript:...}``, ``\style``, ...).
+MATHJAX_QUERY = "?config=TeX-AMS-MML_HTMLorMML-full,Safe"
+#: Where a Jupyter server with ``jupyter-server-mathjax`` (the course's JupyterLab) serves MathJax,
+#: relative to its base URL.
+SERVER_MATHJAX_PATH = "static/jupyter_server_mathjax/MathJax.js"
+#: MathJax's configuration (given as ``window.MathJax`` before MathJax.js loads: a
+#: ``text/x-mathjax-config`` block would need ``eval``, which the policy forbids). Delimiters as
+#: nbconvert's and JupyterLab's; fonts as the classic notebook's, the only ones the package ships.
+MATHJAX_CONFIG = {
+    "tex2jax": {"inlineMath": [["$", "$"], ["\\(", "\\)"]], "displayMath": [["$$", "$$"], ["\\[", "\\]"]],
+                "processEscapes": True, "processEnvironments": True},
+    "TeX": {"equationNumbers": {"autoNumber": "AMS", "useLabelIds": True}},
+    "displayAlign": "center",
+    "messageStyle": "none",
+    "HTML-CSS": {"availableFonts": [], "imageFont": None, "preferredFont": None, "webFont": "STIX-Web",
+                 "linebreaks": {"automatic": True}},
+}
+#: Long lines wrap (outputs, tracebacks, code): a failing cell's diagnosis is never cut off at the
+#: right edge or hidden behind a scroll bar (nbconvert's classic CSS keeps ``white-space: pre``);
+#: a wide plot shrinks to the page instead of widening it.
+WRAP_CSS = ("pre, div.output_area pre, div.output_subarea pre, div.input_area pre, .highlight pre "
+            "{ white-space: pre-wrap; overflow-wrap: anywhere; word-break: normal; }\n"
+            "div.output_area img { max-width: 100%; height: auto; }")
+#: Replaces nbconvert's ``mathjax.html.j2`` in feedback pages: its macro would load MathJax from a
+#: CDN and configure it with a script block only ``eval`` can run.
+_NO_CDN_MATHJAX = ("{%- macro mathjax(url=None) -%}<!-- MathJax: the course's own copy, "
+                   "added by rlhf_lab's FeedbackExporter -->{%- endmacro %}")
+
+
+def local_mathjax_url() -> str:
+    """``file://`` URL of MathJax.js in the installed ``jupyter-server-mathjax`` (with
+    :data:`MATHJAX_QUERY`), found without importing it; ``""`` when the package is not installed."""
+    spec = importlib.util.find_spec("jupyter_server_mathjax")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    path = Path(list(spec.submodule_search_locations)[0]) / "static" / "MathJax.js"
+    return path.resolve().as_uri() + MATHJAX_QUERY if path.is_file() else ""
+
+
+def _js(value) -> str:
+    """``value`` as a JavaScript literal that is safe inside an HTML ``<script>`` element."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def mathjax_loader(url: str) -> str:
+    """The inline script that configures and loads MathJax: from the Jupyter server the page is
+    served by when it is one (JupyterLab's ``/files/...``: the server's ``jupyter-server-mathjax``),
+    else, or when that fails, from ``url`` (the course environment's copy on this machine)."""
+    return (
+        "(function () {\n"
+        "  var urls = [], base = String(document.baseURI), at = base.indexOf(\"/files/\");\n"
+        "  if (/^https?:/.test(base) && at > 0) {\n"
+        f"    urls.push(base.slice(0, at + 1) + {_js(SERVER_MATHJAX_PATH + MATHJAX_QUERY)});\n"
+        "  }\n"
+        f"  urls.push({_js(url)});\n"
+        f"  window.MathJax = {_js(MATHJAX_CONFIG)};\n"
+        "  function load(i) {\n"
+        "    if (i >= urls.length) { return; }\n"
+        "    var script = document.createElement(\"script\");\n"
+        "    script.src = urls[i];\n"
+        "    script.onerror = function () { script.parentNode.removeChild(script); load(i + 1); };\n"
+        "    document.head.appendChild(script);\n"
+        "  }\n"
+        "  load(0);\n"
+        "})();"
+    )
+
+
+def script_hash(script: str) -> str:
+    """The CSP source (``'sha256-...'``) that lets exactly the inline script ``script`` run."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+def allow_script(policy: str, source: str) -> str:
+    """``policy`` letting the inline script of CSP source ``source`` run, and the scripts it adds
+    (``'strict-dynamic'``: no parser-inserted script, no URL allow-list, no inline handler), and
+    fonts from ``'self'`` (MathJax's web fonts lie next to MathJax.js)."""
+    directives = [d.strip() for d in policy.split(";") if d.strip()]
+    out, seen = [], set()
+    for directive in directives:
+        name, _, value = directive.partition(" ")
+        sources = [v for v in value.split() if v != "'none'"]
+        if name == "script-src":
+            sources = [source, "'strict-dynamic'"] + [v for v in sources
+                                                      if v not in (source, "'strict-dynamic'")]
+        elif name == "font-src" and "'self'" not in sources:
+            sources = ["'self'"] + sources
+        seen.add(name)
+        out.append(" ".join([name] + (sources or ["'none'"])))
+    if "script-src" not in seen:
+        out.append(f"script-src {source} 'strict-dynamic'")
+    return "; ".join(out)
+
+
 def add_csp_meta(page: str, policy: str) -> str:
     """``page`` with a Content-Security-Policy ``<meta>`` as the first element of its ``<head>``
     (before any script it could otherwise let through)."""
@@ -710,12 +815,43 @@ def add_csp_meta(page: str, policy: str) -> str:
     return page[:match.end()] + "\n" + meta + page[match.end():]
 
 
+def add_to_head(page: str, markup: str) -> str:
+    """``page`` with ``markup`` at the end of its ``<head>`` (after the template's own styles)."""
+    match = re.search(r"</head\s*>", page, re.I)
+    if match is None:
+        return markup + "\n" + page
+    return page[:match.start()] + markup + "\n" + page[match.start():]
+
+
 class FeedbackExporter(HTMLExporter):
     """nbconvert's HTML exporter (every ``HTMLExporter`` setting applies) whose pages carry
-    :data:`FEEDBACK_CSP`: a browser runs none of their script, whatever got through."""
+    :data:`FEEDBACK_CSP`, typeset math with the course's MathJax and wrap long lines.
+
+    ``mathjax_url`` (default :func:`local_mathjax_url`; ``""``: no MathJax and no script at all)
+    is where the page loads MathJax from when no Jupyter server serves it; the loader
+    (:func:`mathjax_loader`) is the one inline script the page's policy lets run, by its hash.
+    """
 
     content_security_policy = Unicode(FEEDBACK_CSP, help="Content-Security-Policy of every page").tag(config=True)
+    wrap_long_lines = Bool(True, help="Wrap long lines of outputs and code (WRAP_CSS)").tag(config=True)
+
+    @default("mathjax_url")
+    def _default_mathjax_url(self):
+        return local_mathjax_url()
+
+    @default("extra_loaders")
+    def _default_extra_loaders(self):
+        return [DictLoader({"mathjax.html.j2": _NO_CDN_MATHJAX})]
 
     def from_notebook_node(self, nb, resources=None, **kw):
         output, resources = super().from_notebook_node(nb, resources, **kw)
-        return add_csp_meta(output, self.content_security_policy), resources
+        policy, head = self.content_security_policy, []
+        if self.wrap_long_lines:
+            head.append(f"<style>\n{WRAP_CSS}\n</style>")
+        if self.mathjax_url:
+            loader = mathjax_loader(self.mathjax_url)
+            head.append(f"<script>{loader}</script>")
+            policy = allow_script(policy, script_hash(loader))
+        if head:
+            output = add_to_head(output, "\n".join(head))
+        return add_csp_meta(output, policy), resources

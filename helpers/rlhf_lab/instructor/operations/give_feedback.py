@@ -7,6 +7,11 @@ not written, so it cannot be released, and the command lists it. Grade those ans
 (Manual Grading, with ``guides/<assignment>.md`` open beside it) and run the command again;
 ``--release-pending`` hands them out now, saying "awaiting grading" where a score is missing.
 
+Each page works offline: its math is typeset by the MathJax installed with the course
+(``jupyter-server-mathjax``; JupyterLab's copy when the page is opened there, else the file on this
+machine), the only script its Content-Security-Policy lets run, and long lines of outputs and
+tracebacks wrap, so a diagnosis is never cut off (``grader/html_safety.py``, ``FeedbackExporter``).
+
 Options: ``--no-release`` writes ``feedback/`` only (to read it first); ``--db`` another gradebook.
 """
 from __future__ import annotations
