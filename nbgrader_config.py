@@ -195,6 +195,20 @@ c.GenerateFeedback.preprocessors = [
     CSSHTMLHeaderPreprocessor,
 ]
 
+# --- autograde: a locked cell left as released is not "changed" (rlhf_lab/instructor/grader/released_cells.py)
+# nbgrader compares each submitted locked cell with the gradebook's text, hidden tests included, so it
+# warned "Attribute 'checksum' for cell test_... has changed!" for every untouched test cell (nbgrader
+# issue #1961). The course's OverwriteCells compares it with the text the release gave the student; a
+# real edit is still reported and restored by nbgrader.
+from nbgrader.converters.autograde import Autograde as _AutogradeConverter  # noqa: E402
+from nbgrader.preprocessors import OverwriteCells as _NbgraderOverwriteCells  # noqa: E402
+
+_released_cells = _course_module("grader/released_cells.py", "rlhf_lab_course_released_cells")
+_sanitize_steps = (list(c.Autograde.sanitize_preprocessors) if "sanitize_preprocessors" in c.Autograde
+                   else list(_AutogradeConverter.class_traits()["sanitize_preprocessors"].default()))
+c.Autograde.sanitize_preprocessors = [_released_cells.OverwriteCells if p is _NbgraderOverwriteCells else p
+                                      for p in _sanitize_steps]
+
 # --- distribution: the course-local exchange and LMS downloads (release/fetch/submit/collect) ---
 # (added for running a class; see rlhf_lab/instructor/operations/{exchange,lms}.py and README "Instructors")
 # * The exchange is a folder of the course, <root>/exchange, or wherever $RLHF_EXCHANGE points

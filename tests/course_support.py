@@ -45,8 +45,8 @@ API
 ``kill_tree(proc) -> int``
     SIGKILL a started process and everything it started (a crash of a whole run); how many died.
 ``LIBRARY_LOG``
-    A compiled pattern for library log noise (XLA's C++ log lines, absl's start-up warning): what
-    must never reach a student's feedback or the instructor's terminal.
+    A compiled pattern for library log noise (XLA's C++ log lines, absl's start-up warning,
+    fontconfig's errors): what must never reach a student's feedback or the instructor's terminal.
 
 pytest fixtures (session scope): ``course_template_dir``, ``bundled_class_run``.
 """
@@ -75,9 +75,10 @@ from rlhf_lab.instructor.classrun.pipeline import ClassRun  # noqa: E402
 
 _CACHE: dict = {}
 
-#: XLA's C++ log lines ("E1202 01:16:02.770867  7659 cpu_aot_loader.cc:220] ...") and absl's notes.
+#: XLA's C++ log lines ("E1202 01:16:02.770867  7659 cpu_aot_loader.cc:220] ..."), absl's notes and
+#: fontconfig's complaint when a sandboxed kernel cannot read its configuration.
 LIBRARY_LOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\.(cc|h):\d+\]|cpu_aot_loader"
-                         r"|Assume version compatibility|absl::InitializeLog|TF_CPP_MIN_LOG_LEVEL")
+                         r"|Assume version compatibility|absl::InitializeLog|TF_CPP_MIN_LOG_LEVEL|Fontconfig error")
 
 
 def _build_template(dest: Path) -> Path:

@@ -5,12 +5,15 @@ bundled example class (graded once per session, ``bundled_class_run`` in course_
 """
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from course_support import LIBRARY_LOG, REPO, bundled_class_run  # noqa: F401  (fixtures are used by name)
+from fixtures import submissions
 from rlhf_lab.instructor.grader import feedback_filter as ff
 from rlhf_lab.instructor.classrun import pipeline
 
@@ -106,13 +109,79 @@ def test_the_course_own_correct_feedback_passes_the_check(bundled_class_run):
     assert "feedback_withheld_for_leaks" in bundled_class_run.report()
 
 
+#: What the bundled class's noisy student (``<name>_noisy_warnings``, ``_noisy`` in tests/fixtures/submissions.py)
+#: writes to stderr on purpose, line by line: a UserWarning, a JAX UserWarning (float64), the source
+#: lines Python quotes under them, and a native-looking log line.
+STUDENT_STDERR = re.compile(r"UserWarning: a harmless warning printed by a student helper$|^ +_noisy_warnings\.warn\("
+                            r"|UserWarning: Explicitly requested dtype float64 requested in zeros |^ +_noisy_jnp\.zeros\("
+                            r"|^W0000 00:00:00\.000000 1 noisy\.cc:1\] harmless native log line$")
+#: A line the course relabelled from stderr (StderrToStdout's prefix in nbgrader_config.py).
+RELABELLED = re.compile(r"^\[stderr\] ?(.*)$", re.M)
+#: The same in a page's HTML, where the first line of an output follows its ``<pre>``.
+HTML_RELABELLED = re.compile(r"(?:^|<pre>)\[stderr\] ?([^\n]*?)(?:</pre>.*)?$", re.M)
+
+
+def stderr_lines(path: Path) -> list[str]:
+    """Every line of stderr in a feedback page or an autograded notebook: relabelled (``[stderr] ``
+    lines) or not (an ``output_stderr`` block of a page, a ``stderr`` stream of a notebook)."""
+    if path.suffix == ".ipynb":
+        nb = nbformat.read(path, as_version=4)
+        out = []
+        for cell in nb.cells:
+            for o in cell.get("outputs", []):
+                if o.get("output_type") == "stream":
+                    text = o.get("text", "")
+                    out += text.splitlines() if o.get("name") == "stderr" else RELABELLED.findall(text)
+        return out
+    raw = path.read_text(encoding="utf-8", errors="replace")
+    blocks = re.findall(r'class="[^"]*output_stderr[^"]*"[^>]*>\s*<pre>(.*?)</pre>', raw, re.S)
+    return [html.unescape(line) for block in blocks for line in block.splitlines()] + \
+        [html.unescape(m) for m in HTML_RELABELLED.findall(raw)]
+
+
+def test_stderr_lines_are_found_relabelled_or_not(tmp_path):
+    page = tmp_path / "p.html"
+    page.write_text('<div class="output_subarea output_stream output_stderr output_text"><pre>raw &amp; loud\n</pre>'
+                    '</div><pre>[stderr] Fontconfig error: Cannot load default config file\nloss 0.25\n</pre>')
+    assert stderr_lines(page) == ["raw & loud", "Fontconfig error: Cannot load default config file"]
+    assert NOISE.search("Fontconfig error: Cannot load default config file: No such file: (null)")
+    own = ["/tmp/ipykernel_2/38.py:24: UserWarning: a harmless warning printed by a student helper",
+           '  _noisy_warnings.warn("a harmless warning printed by a student helper", UserWarning)',
+           "W0000 00:00:00.000000 1 noisy.cc:1] harmless native log line"]
+    assert all(STUDENT_STDERR.search(line) for line in own)
+    assert not STUDENT_STDERR.search("Fontconfig error: Cannot load default config file")
+
+
 @pytest.mark.slow
 def test_no_library_log_noise_in_any_feedback_page(bundled_class_run):
-    pages = sorted((bundled_class_run.root / "feedback").rglob("*.html"))
+    """No page carries library log noise, and no page (nor the autograded notebook it is made from)
+    carries any stderr at all, except what the noisy student's own functions write on purpose."""
+    root = bundled_class_run.root
+    pages = sorted((root / "feedback").rglob("*.html"))
     assert pages
-    noisy = {str(p): NOISE.search(p.read_text(encoding="utf-8", errors="replace")).group(0)
-             for p in pages if NOISE.search(p.read_text(encoding="utf-8", errors="replace"))}
+    student = submissions.noisy_student(0)
+
+    def library_noise(path: Path):
+        lines = html.unescape(path.read_text(encoding="utf-8", errors="replace")).splitlines()
+        if student in path.relative_to(root).parts:  # minus the lines the student wrote on purpose
+            lines = [line for line in lines if not STUDENT_STDERR.search(HTML_RELABELLED.sub(r"\1", line))]
+        found = NOISE.search("\n".join(lines))
+        return found.group(0) if found else None
+
+    noisy = {str(p): library_noise(p) for p in pages if library_noise(p)}
     assert not noisy, noisy
+    notebooks = sorted((root / "autograded").rglob("*.ipynb"))
+    assert any(student in p.parts for p in notebooks), "the noisy student was not graded"
+    found, own = {}, 0
+    for path in pages + notebooks:
+        lines = stderr_lines(path)
+        if student in path.relative_to(root).parts:
+            own += sum(1 for line in lines if STUDENT_STDERR.search(line))
+            lines = [line for line in lines if not STUDENT_STDERR.search(line)]
+        if lines:
+            found[str(path.relative_to(root))] = lines[:5]
+    assert not found, found
+    assert own, "the noisy student's own stderr was not found: the check would see no stderr at all"
 
 
 @pytest.mark.slow

@@ -380,12 +380,17 @@ DASK_SETTINGS = {
     "distributed.scheduler.allowed-failures": 1,
     # long tasks: hand each worker one student at a time (no queue behind a slow submission)
     "distributed.scheduler.worker-saturation": 1.0,
+    # no statistical profiler in the workers: nobody reads its profiles (no dashboard), and on
+    # Python 3.11 its sampling of a running task's frames fails now and then ("'dict' object has no
+    # attribute 'f_code'"), a traceback in the middle of the grading output
+    "distributed.worker.profile.enabled": False,
 }
 
 
 def make_local_cluster(n_workers: int):
     """A LocalCluster on 127.0.0.1: ``n_workers`` processes (each with a nanny that restarts it
-    if it dies), one thread each, no dashboard, the retry settings of :data:`DASK_SETTINGS`."""
+    if it dies), one thread each, no dashboard, the retry settings of :data:`DASK_SETTINGS` and no
+    worker profiler (each nanny hands the configuration it was created with to its worker)."""
     import dask
     from distributed import LocalCluster
 

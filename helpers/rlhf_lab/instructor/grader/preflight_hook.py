@@ -27,6 +27,15 @@ Both steps are idempotent. A second pre-flight of the same folder (the course co
 own before it starts nbgrader) finds the quarantined files' records and reports the same findings;
 a second override writes the same scores and replaces its own comment.
 
+What a person reads: the pre hook starts the log of each submission with the pre-flight's
+findings in sentences (:func:`findings_sentences`: ERROR for a notebook it kept from running,
+WARNING for points withheld for review, a notebook that scores 0, or a finding reported for review
+such as a library copy); the findings' technical lines follow at INFO. That log is what Formgrader's
+Autograde button shows, and nbgrader's API calls an autograde a success unless it raised: under that
+API (only there), the post hook raises :class:`PreflightBlocked` once nbgrader has written everything
+for a submission in which the pre-flight kept a notebook from running, so the button says "Error"
+with the reason. On the command line and in the course's runs nothing is raised (the class goes on).
+
 Failing closed: nbgrader catches every exception a hook raises and only logs it at INFO level,
 then grades on. When the pre-flight itself fails, :meth:`PreflightHooks.pre` logs the error and
 empties ``notebooks``, so nbgrader stops this submission ("No notebooks found") instead of grading
@@ -50,8 +59,9 @@ followed, opened or copied by nbgrader either; ``nbgrader_config.py`` installs, 
   it without following a link or blocking;
 * :func:`safe_collect_class` and :func:`safe_release_feedback_class`, the exchange's ``collect``
   and ``release_feedback`` (``nbgrader collect``, ``nbgrader release_feedback`` and Formgrader's
-  buttons): a submission is copied without following anything, and feedback is released only from a
-  folder of plain files.
+  buttons): a submission is copied without following anything (and its owner check warns only
+  when another Unix account handed it in, :func:`submission_owner_problem`), and feedback is
+  released only from a folder of plain files.
 
 This module imports only the standard library at load time (``nbgrader_config.py`` loads it by its
 file path, so nbgrader's start-up never imports JAX); the integrity module is imported on the first
@@ -154,6 +164,94 @@ def merge_report(root: Path, report) -> Path:
     return path
 
 
+class PreflightBlocked(BaseException):
+    """Raised by the post hook, under nbgrader's API only (Formgrader's Autograde button), when the
+    pre-flight kept a submitted notebook from running: nbgrader's hooks swallow every ``Exception``,
+    and its API reports success unless the autograde raised."""
+
+
+def _called_by_nbgrader_api() -> bool:
+    """Whether this autograde runs inside ``nbgrader.apps.api.NbGraderAPI.autograde`` (Formgrader)."""
+    import sys
+
+    try:
+        from nbgrader.apps.api import NbGraderAPI
+    except Exception:  # noqa: BLE001
+        return False
+    code = NbGraderAPI.autograde.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _points_text(points: float) -> str:
+    return f"{points:g} point{'' if points == 1 else 's'}"
+
+
+def _place(f) -> str:
+    """Where a finding is, for a person: ``01_x.ipynb, cell 6 (ppo_surrogate), line 3``."""
+    parts = [f.notebook] if f.notebook else []
+    if f.cell is not None:
+        parts.append(f"cell {f.cell}" + (f" ({f.grade_id})" if f.grade_id else ""))
+    elif f.grade_id:
+        parts.append(f.grade_id)
+    if f.line is not None:
+        parts.append(f"line {f.line}")
+    return ", ".join(parts)
+
+
+def findings_sentences(report, student: str, blocked=(), points=None, ungradable: bool = False) -> list:
+    """``[(logging level, sentence)]``: the pre-flight's findings for ``student`` in plain sentences.
+
+    ERROR for what is not graded at all (the submission, or a notebook in ``blocked``, the files the
+    pre hook kept from running), WARNING for points withheld for review (how many, from ``points``:
+    ``{(notebook file, grade id): points}``; findings that withhold the same cells share a sentence),
+    for notebooks that score 0 because they are missing or renamed, and for findings reported for
+    review that change no points (a library copy, an edited locked cell nbgrader restored, an extra
+    file). Nothing for a clean submission.
+    """
+    points = points or {}
+    a = report.assignment
+    if ungradable:
+        reasons = "; ".join(dict.fromkeys(f.message for f in report.for_student(student)))
+        return [(logging.ERROR, f"pre-flight: {student}/{a} is NOT graded: {reasons}")]
+
+    def total(cells) -> str:
+        known = [points[c] for c in cells if c in points]
+        return _points_text(sum(known)) if known else f"{len(cells)} cell(s)"
+
+    def said(f) -> str:
+        return f"{f.message} [{f.action}]" if f.action else f.message
+
+    errors, zeros, withheld = [], [], {}
+    for name in blocked:  # a notebook the pre hook kept from running: every finding about it
+        about = [f for f in report.for_student(student) if f.notebook == name]
+        cells = [(nb, gid) for f in about for nb, gid in f.withhold] or \
+            [k for k, v in points.items() if k[0] == name and v > 0]
+        reasons = "; ".join(dict.fromkeys(said(f) for f in about)) or "it was moved out of the submission"
+        errors.append((logging.ERROR, f"pre-flight: {name} was NOT graded (not run; {total(list(dict.fromkeys(cells)))} "
+                                      f"score 0): {reasons}"))
+    for f in report.blocking(student):
+        if f.notebook in blocked:
+            continue
+        cells = tuple(dict.fromkeys(tuple(c) for c in f.withhold))
+        if f.code in ("missing-notebook", "renamed-notebook"):
+            zeros.append((logging.WARNING, f"pre-flight: {f.message} ({total(cells)})"))
+        else:
+            withheld.setdefault(cells, []).append(f"{_place(f) or a}: {said(f)}")
+    held = []
+    for cells, reasons in withheld.items():
+        names = ", ".join(f"{gid} ({points[(nb, gid)]:g})" if (nb, gid) in points else gid for nb, gid in cells)
+        head = f"pre-flight: {total(cells)} withheld for review ({names}): " if cells else "pre-flight: "
+        held.append((logging.WARNING, head + "; ".join(dict.fromkeys(reasons))))
+    flagged = [(logging.WARNING, f"pre-flight, for review (no points withheld): {_place(f) or a}: {said(f)}")
+               for f in report.warnings(student) if f.notebook not in blocked]
+    return errors + held + zeros + flagged
+
+
 class PreflightHooks:
     """The pre-flight (:meth:`pre`) and its withheld points (:meth:`post`) of one course.
 
@@ -168,6 +266,7 @@ class PreflightHooks:
         self.db_url = db_url
         self.quarantine = quarantine
         self._reports: dict = {}
+        self._blocked: dict = {}  # (assignment, student) -> notebook files the pre hook kept from running
 
     # traitlets deep-copies config values: every copy must be this same object, so the report of a
     # submission's pre hook reaches its post hook (and a copy never splits that state)
@@ -197,21 +296,34 @@ class PreflightHooks:
                       exc_info=True)
             notebooks[:] = []
             raise
+        ungradable = s in report.ungradable()
+        gone = [] if ungradable else [p for p in notebooks if not os.path.isfile(p) or os.path.islink(p)]
+        blocked = sorted(os.path.basename(p) for p in gone)
         with _LOCK:
             self._reports[(a, s)] = report
-        if s in report.ungradable():
-            log.error("integrity pre-flight: %s/%s cannot be graded: %s", s, a,
-                      "; ".join(f.message for f in report.for_student(s)))
+            self._blocked[(a, s)] = blocked
+        # first what a person reads (Formgrader's log of this student starts here), then the details
+        for level, sentence in findings_sentences(report, s, blocked, self._points(a), ungradable):
+            log.log(level, "%s", sentence)
+        if ungradable:
+            log.info("integrity pre-flight: %s/%s cannot be graded: %s", s, a,
+                     "; ".join(f.message for f in report.for_student(s)))
             notebooks[:] = []
             return
-        gone = [p for p in notebooks if not os.path.isfile(p) or os.path.islink(p)]
         if gone:
             notebooks[:] = [p for p in notebooks if p not in gone]
         for f in report.blocking(s):
-            log.warning("integrity pre-flight: %s", f.text())
+            log.info("integrity pre-flight: %s", f.text())
         if gone:
-            log.warning("integrity pre-flight: not run (quarantined): %s",
-                        ", ".join(os.path.basename(p) for p in gone))
+            log.info("integrity pre-flight: not run (quarantined): %s", ", ".join(blocked))
+
+    def _points(self, assignment: str) -> dict:
+        """``{(notebook file, grade id): points}`` of the release (empty when it cannot be read)."""
+        try:
+            specs = _integrity().release_specs(self.root, assignment)
+        except Exception:  # noqa: BLE001 - the sentences then name cells without their points
+            return {}
+        return {(name, c.grade_id): c.points for name, spec in specs.items() for c in spec.cells}
 
     # -- nbgrader's post_convert_hook ---------------------------------------------------------
     def post(self, assignment=None, student=None, notebooks=None, **_ignored) -> None:
@@ -222,6 +334,7 @@ class PreflightHooks:
             return
         with _LOCK:
             report = self._reports.pop((a, s), None)
+            blocked = self._blocked.pop((a, s), [])
         try:
             integrity = _integrity()
 
@@ -234,8 +347,16 @@ class PreflightHooks:
                       s, a, a, s, exc_info=True)
             raise
         if done:
-            log.warning("integrity pre-flight: points withheld for review in %d cell(s) of %s/%s",
-                        len(done), s, a)
+            points = sum(o.max_score for o in done)
+            log.warning("pre-flight: %s withheld for review in %d cell(s) of %s/%s: their manual score is 0 "
+                        "and the notebook is flagged until you review them (clearing a manual score in "
+                        "Formgrader gives the autograder's score back)", _points_text(points), len(done), s, a)
+        if blocked and _called_by_nbgrader_api():
+            # Formgrader's Autograde button reports "Success" unless the autograde raised: a notebook the
+            # pre-flight kept from running is not a success. Raised last, when nbgrader has written
+            # everything it writes for this student, so the gradebook is that of every other path.
+            raise PreflightBlocked(f"pre-flight: {', '.join(blocked)} of {s}/{a} was NOT graded (it was not "
+                                   "run and scores 0); see the log above for why")
 
 
     # -- GenerateFeedback's pre_convert_hook --------------------------------------------------
@@ -396,11 +517,36 @@ def safe_collect_class():
     does for other submissions; sockets, devices, hard links and oversized files are not copied,
     and each is logged as an error naming the student and the file. A submission over the size
     limit is not collected. The other students are collected as usual.
+
+    The owner check (``CollectApp.check_owner``, on by default) is the course's own
+    (:func:`submission_owner_problem`): nbgrader warns "... claims to be submitted by X but is owned
+    by Y; cheating attempt?" for every submission whose folder's Unix owner is not named like its
+    student, which on this course is every submission made with ``nbgrader submit --student ID``
+    from the instructor's account (the demo, the tests, a course on one machine). A folder owned by
+    the account that collects was made by that account, never by another student, so it is not
+    reported; a folder owned by any other account that is not the student's is reported as a
+    warning that says what it means.
     """
     from nbgrader.exchange.default.collect import ExchangeCollect
     from nbgrader.utils import ignore_patterns
 
     class SafeExchangeCollect(ExchangeCollect):
+        def copy_files(self):
+            if not self.check_owner:
+                return super().copy_files()
+            for rec in self.src_records:
+                src = os.path.join(self.inbound_path, rec["filename"])
+                problem = submission_owner_problem(src, rec["username"])
+                if problem:
+                    self.log.warning("collect: %s", problem)
+                else:
+                    self.log.debug("collect: owner of %s checked", src)
+            self.check_owner = False  # nbgrader's own check, done above
+            try:
+                return super().copy_files()
+            finally:
+                self.check_owner = True
+
         def do_copy(self, src, dest, log=None):
             safe = _safe_files()
             student = safe.student_of(src) or "?"
@@ -419,6 +565,41 @@ def safe_collect_class():
                 _exchange_record(self.coursedir, student, found)
 
     return SafeExchangeCollect
+
+
+def submission_owner_problem(path, student: str, collector_uid: int | None = None) -> str | None:
+    """Why the owner of the exchange submission folder ``path`` of ``student`` needs a look, or None.
+
+    None when the folder (not followed if it is a link) belongs to the Unix account named like the
+    student, or to the account that collects (``collector_uid``, default this process's effective
+    user): only that account (or root) can create a folder it owns, so such a submission was handed
+    in from the course's own account (``nbgrader submit --student``), never by another student.
+    Any other owner means another account submitted in the student's name.
+    """
+    try:
+        import pwd
+    except ImportError:  # no Unix accounts to compare with (nbgrader skips its check there too)
+        return None
+    uid = os.lstat(path).st_uid
+    me = os.geteuid() if collector_uid is None else collector_uid
+    if uid == me:
+        return None
+    try:
+        owner = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        owner = None
+    if owner == student:
+        return None
+    try:
+        collector = pwd.getpwuid(me).pw_name
+    except KeyError:
+        collector = f"uid {me}"
+    named = f"the Unix account {owner!r}" if owner else f"user id {uid}, which has no account on this machine,"
+    return (f"the submission {os.path.basename(path)} of student {student!r} was handed in by {named} "
+            f"(its folder in the exchange belongs to it), not by the account {student!r} nor by the account "
+            f"collecting ({collector!r}): another account submitted in this student's name. It is collected "
+            "as usual; check with the student before grading it (--CollectApp.check_owner=False turns "
+            "this check off).")
 
 
 def safe_release_feedback_class():

@@ -13,8 +13,9 @@ process-group kill, private JAX compilation cache) whose kernel process is start
   that kernel and the grader can use.
 * **files**: a private ``/tmp`` (tmpfs of at most :meth:`SandboxedKernelManager.tmp_limit_mb` MiB,
   taken from the kernel's memory budget: RLIMIT_AS is lowered by the same amount) as ``HOME``;
-  read-only: ``/usr`` (``/usr/local`` hidden), the dynamic linker's and name service's files of
-  ``/etc``, the Python environment (the venv and the base interpreter it points to) and the course
+  read-only: ``/usr`` (``/usr/local`` hidden), the dynamic linker's, name service's and
+  fontconfig's files of ``/etc`` (so matplotlib finds its fonts without a word on stderr) and the
+  system font cache, the Python environment (the venv and the base interpreter it points to) and the course
   library BUILD for the notebook being graded (:mod:`.library_build`, mounted where the installed
   library lives); writable: the kernel's SCRATCH working folder, its IPC folder and its private
   compile-cache copy. Nothing else exists in the sandbox: not the gradebook, ``source/``,
@@ -97,6 +98,8 @@ UNPROTECTED_WARNING = (
 #: /etc entries the interpreter and the C library need (nothing else of /etc is visible).
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf",
              "hosts", "host.conf", "mime.types", "fonts", "ssl/openssl.cnf")
+#: fontconfig's system cache (``<cachedir>`` of ``/etc/fonts/fonts.conf``), bound read-only when it exists.
+FONT_CACHE = "/var/cache/fontconfig"
 #: Environment variables a kernel keeps (prefixes); everything else of the grader's environment
 #: (database URLs, tokens, paths to the course) is dropped.
 ENV_KEEP_PREFIXES = ("JAX_", "XLA_", "TF_CPP_", "NBGRADER_", "PYDEVD_", "LANG", "LC_", "OMP_", "OPENBLAS_",
@@ -266,13 +269,21 @@ def bwrap_command(bwrap: str, kernel_cmd: list[str], *, cwd: str, scratch: str, 
             cmd += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             cmd += ["--ro-bind", top, top]
+    # /etc itself first, mode 0755: made implicitly for the first bind below, it would be 0700 and the
+    # kernel's own user id could open nothing in it (fontconfig then writes "Fontconfig error: Cannot
+    # load default config file" into the output of every cell that first uses matplotlib)
+    cmd += ["--perms", "0755", "--dir", "/etc"]
     for name in ETC_FILES:
         cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    # the system's font cache, read-only (fontconfig would otherwise rescan every font in every kernel)
+    for folder in ("/var", "/var/cache"):
+        cmd += ["--perms", "0755", "--dir", folder]
+    cmd += ["--ro-bind-try", FONT_CACHE, FONT_CACHE]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
     if tmp_bytes:
         cmd += ["--size", str(tmp_bytes)]
     cmd += ["--tmpfs", "/tmp"]
-    made: set[str] = {"/usr", "/tmp", "/proc", "/dev", "/etc"}
+    made: set[str] = {"/usr", "/tmp", "/proc", "/dev", "/etc", "/var", "/var/cache"}
     targets = [dest for _, dest in readonly] + list(writable) + [cwd]
     for target in targets:
         for folder in _ancestors(target):

@@ -193,8 +193,13 @@ def collect(assignment: str, root=None, db_url: str | None = None, exchange: Pat
             check_owner: bool = True) -> CommandRun:
     """``nbgrader collect A --update``: the latest submission of each student into ``submitted/``.
 
-    ``check_owner=False`` silences nbgrader's warning that a submission folder is not owned by the
-    Unix user of its student id (the demo submits everyone as the instructor's user).
+    The course's collect (``c.ExchangeFactory.collect`` in ``nbgrader_config.py``) checks each
+    submission folder's Unix owner itself: a folder owned by the student's account or by the
+    account collecting (``nbgrader submit --student`` from the instructor's account, as the demo
+    and the tests hand the class in) is not reported; one owned by any other account is, as a
+    warning saying another account submitted in that student's name
+    (:func:`rlhf_lab.instructor.grader.preflight_hook.submission_owner_problem`).
+    ``check_owner=False`` switches that check off too.
     """
     _check_name("assignment", assignment)
     args = ["collect", assignment, "--update", *_exchange_args(exchange)]
