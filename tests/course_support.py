@@ -268,3 +268,16 @@ def _session_base(tmp_path_factory) -> Path:
 def session_base(tmp_path_factory) -> Path:
     """The session's scratch folder for course copies (pass it as ``base`` above)."""
     return _session_base(tmp_path_factory)
+
+
+def course_config():
+    """The course's ``nbgrader_config.py`` as nbgrader loads it, rooted at this repository (the environment restored after)."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    saved = dict(os.environ)
+    try:
+        os.environ.update(RLHF_COURSE_ROOT=str(REPO), RLHF_COURSE_DB="sqlite:///" + str(REPO / "gradebook.db"))
+        return PyFileConfigLoader("nbgrader_config.py", path=str(REPO)).load_config()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -10,14 +10,13 @@
 from __future__ import annotations
 
 import functools
-import os
 import re
 import shutil
 
 import nbformat
 import pytest
 
-from course_support import REPO
+from course_support import REPO, course_config
 from rlhf_lab.instructor.operations import guide
 from rlhf_lab.instructor.classrun import pipeline
 
@@ -122,16 +121,6 @@ def test_every_hand_graded_cell_has_a_model_answer_in_its_guide(assignment):
 
 
 # ------------------------------------------------------------ the guide names cells as Formgrader does
-def _course_config():
-    from traitlets.config.loader import PyFileConfigLoader
-
-    saved = dict(os.environ)
-    try:
-        os.environ.update(RLHF_COURSE_ROOT=str(REPO), RLHF_COURSE_DB="sqlite:///" + str(REPO / "gradebook.db"))
-        return PyFileConfigLoader("nbgrader_config.py", path=str(REPO)).load_config()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @functools.lru_cache(maxsize=1)
@@ -141,7 +130,7 @@ def _formgrader_exporter():
     from nbgrader.server_extensions.formgrader import handlers
     from traitlets.config import Config
 
-    cfg = _course_config()
+    cfg = course_config()
     cfg.merge(Config({"HTMLExporter": {"template_name": "formgrade", "extra_template_basedirs": [handlers.template_path]}}))
     return HTMLExporter(config=cfg)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import os
 import re
 from html import unescape
 from html.parser import HTMLParser
@@ -25,6 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output, new_raw_cell
+from course_support import course_config
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = REPO / "helpers" / "rlhf_lab" / "instructor" / "grader" / "html_safety.py"
@@ -406,20 +406,10 @@ def test_feedback_pages_carry_a_csp_that_forbids_script():
 
 
 # ------------------------------------------------------------------------------ the course config
-def _course_config():
-    from traitlets.config.loader import PyFileConfigLoader
-
-    saved = dict(os.environ)
-    try:
-        os.environ.update(RLHF_COURSE_ROOT=str(REPO), RLHF_COURSE_DB="sqlite:///" + str(REPO / "gradebook.db"))
-        return PyFileConfigLoader("nbgrader_config.py", path=str(REPO)).load_config()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def test_course_config_sanitises_every_html_path_after_grading():
-    cfg = _course_config()
+    cfg = course_config()
     names = [p.__name__ for p in cfg.Autograde.autograde_preprocessors]
     assert names[-1] == "SanitizeNotebook", names
     assert names.index("SaveAutoGrades") < names.index("SanitizeNotebook")
@@ -438,7 +428,7 @@ def test_formgrader_exporter_with_course_config_renders_an_unsanitised_notebook_
     from nbgrader.server_extensions.formgrader import handlers
     from traitlets.config import Config
 
-    cfg = _course_config()
+    cfg = course_config()
     cfg.merge(Config({"HTMLExporter": {"template_name": "formgrade", "extra_template_basedirs": [handlers.template_path]}}))
     nb = hostile_notebook()
     for i, cell in enumerate(nb.cells):  # a student's answer cells, as Formgrader shows them
