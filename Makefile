@@ -20,9 +20,12 @@ lms-export: venv
 venv:
 	@tools/bootstrap.sh
 
-## make demo: the instructor pipeline on the bundled example submissions, printing a grade table
+## make demo: the instructor pipeline on the bundled example submissions, printing a grade table; in a
+## scratch copy of the course (course_run/, gitignored): the course's gradebook, exchange and outputs are
+## not touched. DEMO_ARGS: options of rlhf_lab.demo, e.g. DEMO_ARGS="--workers 1" or "--progress"
+DEMO_ARGS ?=
 demo: venv
-	$(RUN) $(PY) -m rlhf_lab.demo
+	$(RUN) $(PY) -m rlhf_lab.demo $(DEMO_ARGS)
 
 ## make lesson: the lesson's PPO experiment headless (numbers, figure, data + provenance)
 lesson: venv
@@ -53,6 +56,7 @@ bench: venv
 	$(RUN) $(PY) bench/bench_parallel.py
 	$(RUN) $(PY) bench/bench_sequences.py
 	$(RUN) $(PY) bench/bench_judge.py
+	$(RUN) $(PY) bench/bench_demo.py
 
 ## Authoring: the notebooks in source/ are what instructors edit (in JupyterLab: `make lab`).
 ## Each is paired with a py:percent text file under content/ (jupytext.toml); `make lint` checks the

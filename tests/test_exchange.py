@@ -183,7 +183,7 @@ def test_demo_refuses_a_system_exchange_before_touching_the_course(tmp_path, mon
     (root / "gradebook.db").write_text("an earlier run's gradebook")
     monkeypatch.setenv("RLHF_COURSE_ROOT", str(root))
     monkeypatch.setenv("RLHF_EXCHANGE", "/usr/share/rlhf-demo-exchange-test")
-    assert demo.main([]) == 2
+    assert demo.main(["--in-place"]) == 2  # in place: the course's own exchange ($RLHF_EXCHANGE)
     assert "refusing to use the system folder /usr/share/rlhf-demo-exchange-test" in capsys.readouterr().err
     assert not Path("/usr/share/rlhf-demo-exchange-test").exists()
     assert (root / "gradebook.db").read_text() == "an earlier run's gradebook"  # nothing was cleaned

@@ -273,6 +273,20 @@ def test_the_sequence_notebooks_builds_lack_what_their_students_write():
     assert "sequences" not in plan.modules  # nothing given imports it: gae & co. are not there at all
 
 
+def test_a_full_build_keeps_every_module_its_checks_import(tmp_path):
+    """The compile-cache seed runs the source notebooks with the checks in the kernel (a full build):
+    02_ppo_pieces' given code needs no sequences module, but its checks import rlhf_lab.sequences."""
+    course = tmp_path / "course"
+    (course / "source" / "a3_ppo_sequences").mkdir(parents=True)
+    nb = REPO / "source" / "a3_ppo_sequences" / "02_ppo_pieces.ipynb"
+    (course / "source" / "a3_ppo_sequences" / nb.name).write_bytes(nb.read_bytes())
+    stripped = lb.ensure_build(course, "a3_ppo_sequences", "02_ppo_pieces").path
+    full = lb.ensure_build(course, "a3_ppo_sequences", "02_ppo_pieces", strip=False).path
+    assert not (stripped / "sequences").exists() and not (stripped / "judging").exists()
+    assert (full / "judging" / "sequences_checks.py").is_file()
+    assert "def gae(" in "".join(p.read_text() for p in (full / "sequences").glob("*.py"))
+
+
 DELEGATED_GAE = '''def gae(rewards, values, mask, gamma, lam):
     """Hands the work to the course library (what the build must make impossible)."""
     import rlhf_lab.sequences as library

@@ -304,7 +304,8 @@ class SequentialExecutor:
     """A pool of one: the students one after another in this process's children.
 
     With ``judge_server`` (default: unless ``RLHF_JUDGE_SERVER=0``) one judge server runs in this
-    process for the whole :meth:`run` and every student's nbgrader process judges there."""
+    process for the whole :meth:`run` (or :meth:`run_many`) and every student's nbgrader process
+    judges there."""
 
     workers = 1
     mode = "sequential"
@@ -317,14 +318,18 @@ class SequentialExecutor:
 
     def run(self, spec: TaskSpec, students: Sequence[str],
             on_result: Callable[[dict], None] | None = None) -> list[dict]:
+        return self.run_many([(spec, student) for student in students], on_result)
+
+    def run_many(self, tasks: Sequence[tuple[TaskSpec, str]],
+                 on_result: Callable[[dict], None] | None = None) -> list[dict]:
+        """Every ``(spec, student)`` task in order (of any assignments), one judge server for them all."""
         from ..grader import judge_server
 
         serve = judge_server.enabled() if self.judge_server is None else self.judge_server
-        spec = dataclasses.replace(spec, judge_server=serve)
         results = []
         try:
-            for student in students:
-                result = grade_with_one_retry(spec, student)
+            for spec, student in tasks:
+                result = grade_with_one_retry(dataclasses.replace(spec, judge_server=serve), student)
                 results.append(result)
                 if on_result is not None:
                     on_result(result)
@@ -420,3 +425,55 @@ def grade_assignment(course: Course, assignment: str, students: Sequence[str], e
     if report is not None:
         integrity.apply_overrides(report, course)
     return AssignmentRun(results, report)
+
+
+def grade_assignments(course: Course, students: dict, executor=None, *, timeout: float | None = None,
+                      preflight: bool = True, report_blocked: bool = True,
+                      select: Callable[[str, list], list] | None = None,
+                      on_result: Callable[[dict], None] | None = None,
+                      on_preflight: Callable[[str, object], None] | None = None,
+                      order: Callable[[list], list] | None = None) -> dict:
+    """:func:`grade_assignment` for several assignments as ONE executor run: ``{assignment: AssignmentRun}``.
+
+    ``students`` is ``{assignment: [student, ...]}``. Every assignment's pre-flight runs first (as in
+    :func:`grade_assignment`; ``on_preflight(assignment, report)`` after each), then every
+    remaining ``(spec, student)`` task goes to ``executor.run_many`` at once, so a pool of N stays
+    busy across assignments instead of waiting at the end of each one for its last student;
+    ``order(tasks)`` may reorder the task list (for example the costliest first). Then each
+    assignment's withheld points are applied. The tasks, their records and their results are those
+    of :func:`grade_assignment`; ``executor`` defaults to :class:`SequentialExecutor`.
+    """
+    from ..grader import integrity
+
+    executor = executor or SequentialExecutor()
+    out: dict = {}
+    tasks: list = []
+    for assignment, who in students.items():
+        spec = make_spec(course, assignment, timeout)
+        todo = list(who)
+        run = out[assignment] = AssignmentRun([], None)
+        if preflight and todo:
+            ensure_release(course, assignment)
+            run.report = integrity.preflight(assignment, course, todo)
+            blocked = set(run.report.ungradable())
+            if report_blocked:
+                for student in sorted(blocked & set(todo)):
+                    why = "; ".join(f.message for f in run.report.for_student(student)) or "cannot be graded"
+                    run.results.append(failed_result(assignment, student, f"integrity pre-flight: {why}"))
+                    if on_result is not None:
+                        on_result(run.results[-1])
+            todo = [s for s in todo if s not in blocked]
+        if on_preflight is not None:
+            on_preflight(assignment, run.report)
+        if select is not None:
+            todo = list(select(assignment, todo))
+        tasks += [(spec, s) for s in todo]
+    if order is not None:
+        tasks = list(order(tasks))
+    if tasks:
+        for result in executor.run_many(tasks, on_result):
+            out[result["assignment"]].results.append(result)
+    for run in out.values():
+        if run.report is not None:
+            integrity.apply_overrides(run.report, course)
+    return out

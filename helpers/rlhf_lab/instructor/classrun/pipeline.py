@@ -51,7 +51,8 @@ from ..course import (  # noqa: F401  (re-exported: the pipeline's names since t
 from ..course import kill_group as _kill_group  # noqa: F401
 from ..course import log_lines as _log_lines  # noqa: F401
 from .orchestrator import (  # noqa: F401
-    SequentialExecutor, StudentRun, grade_assignment, grade_with_one_retry, make_spec, to_student_run,
+    SequentialExecutor, StudentRun, grade_assignment, grade_assignments, grade_with_one_retry, make_spec,
+    to_student_run,
 )
 from .orchestrator import NOTE_PATTERNS as _NOTE_PATTERNS  # noqa: F401
 from .orchestrator import cell_timeouts as _cell_timeouts  # noqa: F401
@@ -297,6 +298,12 @@ def feedback(assignment: str, root=None, db_url: str | None = None,
     if not run.ok:
         for sid in (students if students is not None else _autograded_students(assignment, root)):
             run_nbgrader(["generate_feedback", assignment, "--student", sid, "--force"], root, db_url)
+    return _finish_feedback(assignment, root, db_url, release_pending, leaks)
+
+
+def _finish_feedback(assignment: str, root: Path, db_url: str | None, release_pending: bool,
+                     leaks: dict | None) -> dict:
+    """After ``generate_feedback``: hold back pages awaiting hand grading, remove pages that leak."""
     if not release_pending:
         for sid, nbs in held_feedback(assignment, root, db_url).items():
             for nb in nbs:
@@ -361,6 +368,72 @@ def held_feedback(assignment: str, root=None, db_url: str | None = None) -> dict
     return out
 
 
+def feedback_class(names: Iterable[str], root=None, db_url: str | None = None, workers: int = 1,
+                   release_pending: bool = False, leaks: dict | None = None, reporter=None) -> dict:
+    """:func:`feedback` for every assignment of ``names``, ``workers`` nbgrader processes at a time.
+
+    ``{assignment: {student: [html paths]}}``. With one worker, one ``generate_feedback`` per
+    assignment, as :func:`feedback`. With more, each assignment's autograded students are dealt
+    into ``workers`` groups and each group is one ``generate_feedback A --force`` that leaves the
+    other groups out (``--CourseDirectory.student_id_exclude``; only when no student id holds a
+    comma, else the assignment is one process); the processes only read the gradebook and each
+    writes its own students' folders. A group that fails is retried student by student. Then, per
+    assignment, the held-back pages and the hidden-text check of :func:`feedback`. ``reporter``
+    (:class:`.progress.Reporter`) shows the pages written as they appear.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from . import progress
+
+    if not isinstance(release_pending, bool):
+        raise TypeError(f"release_pending must be True or False, got {release_pending!r}")
+    rep = reporter or progress.null_reporter()
+    root = course_root(root)
+    names = list(names)
+    workers = max(1, int(workers or 1))
+    jobs = []  # (assignment, the group or None for everyone, everyone)
+    pages = 0
+    for a in names:
+        everyone = _autograded_students(a, root)
+        pages += sum(len(list((root / "autograded" / s / a).glob("*.ipynb"))) for s in everyone)
+        n = min(workers, len(everyone)) if not any("," in s for s in everyone) else 1
+        if n <= 1:
+            jobs.append((a, None, everyone))
+        else:
+            jobs += [(a, everyone[i::n], everyone) for i in range(n)]
+    jobs.sort(key=lambda job: -len(job[1] if job[1] is not None else job[2]))
+
+    def one(job) -> None:
+        a, group, everyone = job
+        args = ["generate_feedback", a, "--force"]
+        if group is not None:
+            others = [s for s in everyone if s not in set(group)]
+            args.append("--CourseDirectory.student_id_exclude=" + ",".join(others))
+        run = run_nbgrader(args, root, db_url)
+        if not run.ok:
+            for sid in (group if group is not None else everyone):
+                run_nbgrader(["generate_feedback", a, "--student", sid, "--force"], root, db_url)
+
+    started = time.time()
+
+    def written() -> int:
+        count = 0
+        for a in names:
+            for page in (root / "feedback").glob(f"*/{a}/*.html"):
+                try:
+                    count += page.stat().st_mtime >= started - 1
+                except OSError:
+                    continue
+        return count
+
+    with rep.phase("feedback", pages, unit="notebook", workers=workers, poll=written,
+                   estimate=estimate_seconds("feedback", pages, workers),
+                   what="nbgrader generate_feedback, HTML per notebook"):
+        with ThreadPoolExecutor(max_workers=min(workers, max(1, len(jobs)))) as pool:
+            list(pool.map(one, jobs))
+    return {a: _finish_feedback(a, root, db_url, release_pending, leaks) for a in names}
+
+
 def _autograded_students(assignment: str, root) -> list[str]:
     auto = course_root(root) / "autograded"
     return sorted(p.name for p in auto.iterdir() if (p / assignment).is_dir()) if auto.is_dir() else []
@@ -409,6 +482,9 @@ class CellGrade:
     score: float | None  # None while a manual grade is pending
     max_score: float
     needs_manual_grade: bool
+    auto_score: float | None = None  # what the autograder gave (None: nothing)
+    manual_score: float | None = None  # what a person set (Formgrader, or the pre-flight withholding it)
+    extra_credit: float = 0.0
 
 
 @dataclasses.dataclass
@@ -434,6 +510,28 @@ class Grades:
 
     def by_cell(self, student: str, assignment: str) -> dict:
         return {c.grade_id: c for c in self.cells if c.student == student and c.assignment == assignment}
+
+    def breakdown(self, student: str, assignment: str) -> tuple[float, float, float]:
+        """``(auto, manual, pending)`` points of one submission, by the rule of ``grades.csv``'s
+        ``auto_score``, ``manual_score`` and ``pending_manual_points`` (:mod:`.csv_export`): a cell
+        counts as manual once a person (or the pre-flight, withholding it) set its manual score, else
+        as auto; a cell waiting for a hand grade adds its maximum to the pending points."""
+        auto = manual = pending = 0.0
+        for c in self.cells:
+            if c.student != student or c.assignment != assignment:
+                continue
+            if c.manual_score is not None:
+                manual += c.manual_score + (c.extra_credit or 0.0)
+            else:
+                if c.auto_score is not None:
+                    auto += c.auto_score + (c.extra_credit or 0.0)
+                if c.needs_manual_grade:
+                    pending += c.max_score
+        return auto, manual, pending
+
+    def autograded_max(self, assignment: str) -> float:
+        """The points of the autograded cells (tests and autograded answers) of ``assignment``."""
+        return float(sum(mx for (_, _, kind, mx) in self.layout.get(assignment, []) if kind in ("test", "answer")))
 
 
 def _kind(grade_cell, solution_names: set) -> str:
@@ -470,7 +568,10 @@ def read_grades(root=None, db_url: str | None = None) -> Grades:
                         cells.append(CellGrade(sid, assignment.name, snb.name, g.name,
                                                kinds.get((snb.name, g.name), "test"),
                                                None if score is None else float(score),
-                                               float(g.max_score), bool(g.needs_manual_grade)))
+                                               float(g.max_score), bool(g.needs_manual_grade),
+                                               None if g.auto_score is None else float(g.auto_score),
+                                               None if g.manual_score is None else float(g.manual_score),
+                                               float(g.extra_credit or 0.0)))
     order = {(a, nb, gid): i for a, lay in layout.items() for i, (nb, gid, _, _) in enumerate(lay)}
     cells.sort(key=lambda c: (c.assignment, c.student, order.get((c.assignment, c.notebook, c.grade_id), 0)))
     return Grades(cells, totals, layout)
@@ -482,27 +583,41 @@ def _fmt(x: float | None) -> str:
     return f"{x:g}"
 
 
-def format_tables(grades: Grades, runs: Sequence[StudentRun] = ()) -> str:
-    """Two plain-text tables: per student (score / max per assignment) and per test cell x student."""
+def format_tables(grades: Grades, runs: Sequence[StudentRun] = (), reasons: dict | None = None) -> str:
+    """Plain-text tables: per student and assignment (autograded points, hand-graded points set and
+    pending, the total so far, and why anything went wrong), then per test cell x student.
+
+    ``reasons`` is ``{(student, assignment): [text]}`` (:meth:`ClassRun.reasons`: what the
+    pre-flight did, failed runs, notes); without it the reason is a failed run's."""
     failed = {(r.student, r.assignment): r.reason for r in runs if not r.ok}
+    why = {k: list(v) for k, v in (reasons or {}).items() if v}
+    if reasons is None:
+        why = {k: [f"autograde failed: {r}"] for k, r in failed.items()}
     # assignments with something to grade (the widget explorer has no graded cell)
     names = sorted(a for a, lay in grades.layout.items() if lay)
-    students = sorted({s for (s, _) in grades.totals} | {s for (s, _) in failed})
-    lines = ["Grades per student (score / max; autograded points, manual answers pending)", ""]
-    header = ["student"] + names
+    pairs = sorted(set(grades.totals) | set(failed) | set(why), key=lambda k: (k[0], k[1]))
+    lines = ["Grades per student (autograded: points of the autograded cells, of their maximum; "
+             "hand-graded: points a grader set, or the pre-flight withheld; pending: hand-graded "
+             "points nobody has scored yet, not counted as 0; total: what the gradebook counts now)", ""]
+    header = ["student", "assignment", "autograded", "hand-graded", "pending", "total", "reason"]
     rows = []
-    for sid in students:
-        row = [sid]
-        for a in names:
-            if (sid, a) in failed:
-                row.append("FAILED")
-            elif (sid, a) in grades.totals:
-                s, m = grades.totals[(sid, a)]
-                row.append(f"{s:g} / {m:g}")
-            else:
-                row.append("-")
-        rows.append(row)
+    for sid, a in pairs:
+        if (sid, a) in failed:
+            auto_col, hand_col, pend_col, total_col = "FAILED", "-", "-", "-"
+        elif (sid, a) in grades.totals:
+            auto, manual, pending = grades.breakdown(sid, a)
+            s, m = grades.totals[(sid, a)]
+            set_by_hand = any(c.manual_score is not None for c in grades.cells
+                              if c.student == sid and c.assignment == a)
+            auto_col = f"{auto:g} / {grades.autograded_max(a):g}"
+            hand_col = f"{manual:g}" if set_by_hand else "-"
+            pend_col = f"{pending:g}" if pending else "-"
+            total_col = f"{s:g} / {m:g}"
+        else:
+            auto_col, hand_col, pend_col, total_col = "-", "-", "-", "-"
+        rows.append([sid, a, auto_col, hand_col, pend_col, total_col, "; ".join(why.get((sid, a), []))])
     lines += _table(header, rows)
+    students = sorted({s for (s, _) in pairs})
     for a in names:
         lay = [x for x in grades.layout[a] if x[2] != "task"]
         subs = [s for s in students if (s, a) in grades.totals]
@@ -523,9 +638,6 @@ def format_tables(grades: Grades, runs: Sequence[StudentRun] = ()) -> str:
         legend = [f"{short[s]} = {s}" for s in subs if short[s] != s]
         if legend:
             lines += ["", "columns: " + ", ".join(legend)]
-    if failed:
-        lines += ["", "Failed autograde runs", ""]
-        lines += _table(["student", "assignment", "reason"], [[s, a, r] for (s, a), r in sorted(failed.items())])
     return "\n".join(lines)
 
 
@@ -557,10 +669,18 @@ class ClassRun:
     seconds: dict  # step -> wall seconds
     integrity: dict = dataclasses.field(default_factory=dict)  # [trust] {assignment: IntegrityReport}
     feedback_leaks: dict = dataclasses.field(default_factory=dict)  # [trust] {page: [lines]}, pages removed
+    workers: int = 1  # the pool that graded the class
+    seeds: dict = dataclasses.field(default_factory=dict)  # {assignment: {rebuilt, seconds, entries, problem}}
 
     @property
     def failures(self) -> list:
         return [r for r in self.runs if not r.ok]
+
+    def reasons(self) -> dict:
+        """``{(student, assignment): [text]}``: what went wrong or was done to each submission, for
+        the grade table's reason column (:func:`student_reasons`)."""
+        return student_reasons(self.runs, self.integrity, self.grades, self.collected.problems,
+                               self.feedback_leaks)
 
     def report(self) -> dict:
         return {
@@ -575,7 +695,80 @@ class ClassRun:
             "seconds": self.seconds,
             "integrity": {a: rep.to_dict() for a, rep in self.integrity.items()},  # [trust]
             "feedback_withheld_for_leaks": self.feedback_leaks,  # [trust] pages removed by the hidden-text check
+            "workers": self.workers,
+            "compile_cache_seeds": self.seeds,
+            "reasons": {f"{s}/{a}": texts for (s, a), texts in sorted(self.reasons().items())},
         }
+
+
+def _short(text: str, limit: int = 140) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def student_reasons(runs: Sequence[StudentRun] = (), integrity: dict | None = None, grades: Grades | None = None,
+                    problems: dict | None = None, feedback_leaks: dict | None = None) -> dict:
+    """``{(student, assignment): [text]}``: per submission, what the grade table's reason column says.
+
+    * the integrity pre-flight (``integrity/<assignment>.json``): a student it kept from grading
+      ("blocked"), the points it withheld for review (the cells' points, read from the gradebook's
+      layout, with the finding), other blocking findings, answers flagged as a copy of a library
+      function ("library copy flagged"), and how many warnings it wrote (repairs, moved files);
+    * a failed autograde run (its reason) and a run's notes (missing notebook, late, a cell stopped
+      by the per-cell timeout);
+    * collect problems (``problems``: ``{(student, assignment or ""): text}``) and feedback pages
+      removed because they showed hidden text (``feedback_leaks``: ``{page path: lines}``).
+    """
+    out: dict = {}
+
+    def add(key, text):
+        if text and text not in out.setdefault(key, []):
+            out[key].append(text)
+
+    layout = grades.layout if grades is not None else {}
+    for a, report in (integrity or {}).items():
+        if report is None:
+            continue
+        points = {(nb, gid): mx for (nb, gid, _, mx) in layout.get(a, [])}
+        blocked = set(report.ungradable())
+        for sid in sorted({f.student for f in report.findings}):
+            key = (sid, a)
+            mine = report.for_student(sid)
+            if sid in blocked:
+                add(key, "pre-flight blocked grading: " + _short(
+                    "; ".join(dict.fromkeys(f.message for f in mine if f.blocking)), 200))
+                continue
+            withheld = {(Path(nb).stem, gid) for f in mine if f.blocking for (nb, gid) in f.withhold}
+            if withheld:
+                n = sum(points.get(c, 0.0) for c in withheld)
+                first = next(f for f in mine if f.blocking and f.withhold)
+                add(key, f"pre-flight withheld {n:g} points for review ({len(withheld)} cell"
+                         f"{'s' if len(withheld) != 1 else ''}; {first.code}: {_short(first.message, 100)})")
+            for f in mine:
+                if f.blocking and not f.withhold:
+                    add(key, f"pre-flight: {_short(f.message, 120)}")
+            copies = [f for f in mine if f.code == "library-copy"]
+            if copies:
+                add(key, f"library copy flagged ({len(copies)}): "
+                         + _short(copies[0].message.split("; reported for review")[0], 100))
+            other = [f for f in mine if not f.blocking and f.code != "library-copy"]
+            if other:
+                codes = ", ".join(dict.fromkeys(f.code for f in other))
+                add(key, f"pre-flight: {len(other)} warning{'s' if len(other) != 1 else ''} ({codes}; "
+                         f"integrity/{a}.json)")
+    for r in runs:
+        key = (r.student, r.assignment)
+        if not r.ok:
+            add(key, "autograde failed: " + _short(r.reason, 200))
+        for note in r.notes:
+            add(key, _short(note, 120))
+    for (sid, a), text in (problems or {}).items():
+        add((sid, a), _short(text, 160))
+    for page in sorted(feedback_leaks or {}):
+        parts = Path(page).parts  # feedback/<student>/<assignment>/<notebook>.html
+        if len(parts) >= 4:
+            add((parts[1], parts[2]), f"feedback {Path(page).stem} withheld: it showed hidden-test or source text")
+    return out
 
 
 #: What a working copy of the course needs (the helper library is imported from the installed package).
@@ -636,7 +829,8 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
               names: Iterable[str] | None = None, students: Iterable[str] | None = None,
               fresh: bool = True, regenerate: bool = True, force: bool = True,
               grader=None, progress=None, compile_cache: bool = True,
-              release_pending_feedback: bool = False) -> ClassRun:
+              release_pending_feedback: bool = False, workers: int | None = None,
+              reporter=None, seed_build: "SeedBuild | None" = None) -> ClassRun:
     """The whole pipeline on a folder of submissions: generate -> collect -> autograde -> feedback -> export.
 
     ``submissions_dir=None`` grades what is already in ``submitted/`` (after ``nbgrader collect``).
@@ -648,10 +842,22 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     Dask fan-out); it must return a list of :class:`StudentRun`. Writes ``<root>/grading_report.json``.
     Every feedback page written is checked for hidden-test and ``source/`` text
     (:func:`.feedback_filter.check_feedback`); a page that leaks is removed and listed in the report.
+
+    ``workers`` (without ``grader``) grades the whole class as one pool of that size
+    (:func:`.orchestrator.grade_assignments`: every assignment's pre-flight, then every
+    (assignment, student) task, costliest first, on :class:`ClassExecutor`: the sequential
+    executor for 1, a Dask LocalCluster of N for more), builds missing compile-cache seeds and
+    writes feedback N at a time; the grades are the same as with one. ``None``: the sequential
+    loop, one assignment after another. ``reporter`` (:class:`.progress.Reporter`) announces each
+    phase with a bar and an estimate; ``progress(run)`` is still called after each student.
+    ``seed_build`` is a :class:`SeedBuild` of ``names`` started earlier (it is waited for here).
     """
+    from . import progress as progress_mod
+
     if submissions_dir is None and fresh:
         raise ValueError("run_class(None, fresh=True) would delete what nbgrader collect put in submitted/; "
                          "pass fresh=False to grade the collected submissions")
+    rep = reporter or progress_mod.null_reporter()
     course = as_course(root, db_url)  # built once, passed to every step below
     root, db_url = course.path_root, course.db_url
     check_config(root, db_url)
@@ -659,6 +865,7 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     if fresh:
         clean_outputs(root)
     names = list(names) if names is not None else course.graded_assignments()
+    n_workers = max(1, int(workers)) if workers is not None else 1
     t = time.perf_counter()
     if regenerate:
         generate(root, course.assignments(), db_url)
@@ -667,10 +874,11 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     # a trusted JAX compilation cache per assignment, built from the source notebooks (or reused
     # when unchanged); each grading kernel gets a private copy (see compile_cache.py)
     t = time.perf_counter()
+    seeds = {}
     if compile_cache:
-        from .orchestrator import ensure_compile_cache
-
-        ensure_compile_cache(course, names)
+        seeds = (seed_build.wait(rep) if seed_build is not None else ensure_seeds(course, names, n_workers, rep))
+    elif seed_build is not None:
+        seed_build.close()
     seconds["compile cache"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -683,36 +891,332 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     t = time.perf_counter()
     runs = []
     integrity_reports = {}
-    for a in names:
-        who = sorted({s for (s, aa) in collected.collected if aa == a})
-        select = None if force else (lambda left, a=a: records.pending(course, a, left))
-        # [trust] a pending student may have a partial autograded folder from a killed run, which
-        # nbgrader would skip without --force: the students selected here are always (re)graded.
-        # The one grading path: pre-flight -> executor (a pool of one, or the given grader) -> overrides.
-        executor = _GraderExecutor(grader, root, db_url) if grader is not None else SequentialExecutor()
-        on_result = (lambda result: progress(to_student_run(result))) if progress is not None and grader is None \
-            else None
-        done = grade_assignment(course, a, who, executor, preflight=True, report_blocked=False,
-                                select=select, on_result=on_result)
-        integrity_reports[a] = done.report if done.report is not None else _empty_report(a)
-        runs += [r if isinstance(r, StudentRun) else to_student_run(r) for r in done.results]
+    who_of = {a: sorted({s for (s, aa) in collected.collected if aa == a}) for a in names}
+    n_tasks = sum(len(v) for v in who_of.values())
+    weights = {a: task_seconds(course, a) for a in names}
+    with rep.phase("autograde", n_tasks, unit="submission", workers=n_workers,
+                   weights=[weights[a] for a in names for _ in who_of[a]],
+                   estimate=sum(weights[a] * len(who_of[a]) for a in names) / parallel_speed(n_workers),
+                   what="one nbgrader autograde per student and assignment, after the integrity "
+                        "pre-flight") as phase:
+        def arrived(result: dict) -> None:
+            phase.advance(weight=weights.get(result["assignment"], 1.0))
+            if progress is not None:
+                progress(to_student_run(result))
+
+        if workers is not None and grader is None:
+            # the one grading path as ONE pool for the class: pre-flights, then every task
+            select = None if force else (lambda a, left: records.pending(course, a, left))
+            order = (lambda tasks: sorted(tasks, key=lambda t: -weights.get(t[0].assignment, 0.0)))
+            with ClassExecutor(n_workers) as executor:
+                done_all = grade_assignments(course, who_of, executor, preflight=True, report_blocked=False,
+                                             select=select, on_result=arrived, order=order)
+            for a in names:
+                done = done_all[a]
+                integrity_reports[a] = done.report if done.report is not None else _empty_report(a)
+                runs += [to_student_run(r) for r in done.results]
+        else:
+            for a in names:
+                who = who_of[a]
+                select = None if force else (lambda left, a=a: records.pending(course, a, left))
+                # [trust] a pending student may have a partial autograded folder from a killed run, which
+                # nbgrader would skip without --force: the students selected here are always (re)graded.
+                # The one grading path: pre-flight -> executor (a pool of one, or the given grader) -> overrides.
+                executor = _GraderExecutor(grader, root, db_url) if grader is not None else SequentialExecutor()
+                on_result = arrived if grader is None else None
+                done = grade_assignment(course, a, who, executor, preflight=True, report_blocked=False,
+                                        select=select, on_result=on_result)
+                integrity_reports[a] = done.report if done.report is not None else _empty_report(a)
+                runs += [r if isinstance(r, StudentRun) else to_student_run(r) for r in done.results]
+                if grader is not None:
+                    phase.advance(len(who), weight=weights[a] * len(who))
     seconds["autograde"] = time.perf_counter() - t
 
     t = time.perf_counter()
     leaks: dict = {}
-    fb = {a: feedback(a, root, db_url, release_pending=release_pending_feedback, leaks=leaks) for a in names}
+    fb = feedback_class(names, root, db_url, workers=n_workers, release_pending=release_pending_feedback,
+                        leaks=leaks, reporter=rep)
     seconds["feedback"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    csv_path = export_csv(root / "grades.csv", root, db_url, names)
+    with rep.phase("export", 1, unit="file", estimate=PRIOR_SECONDS["export"], what="nbgrader export -> grades.csv"):
+        csv_path = export_csv(root / "grades.csv", root, db_url, names)
     seconds["export"] = time.perf_counter() - t
 
     grades = read_grades(root, db_url)
     result = ClassRun(root, db_url, names, collected, runs, fb, csv_path, grades,
                       {k: round(v, 3) for k, v in seconds.items()}, integrity=integrity_reports,
-                      feedback_leaks=leaks)
+                      feedback_leaks=leaks, workers=n_workers,
+                      seeds={a: {"rebuilt": r.rebuilt, "seconds": round(r.seconds, 3), "entries": r.entries,
+                                 "problem": r.problem} for a, r in seeds.items()})
     (root / REPORT_NAME).write_text(json.dumps(result.report(), indent=1, sort_keys=True) + "\n")
     return result
+
+
+# ------------------------------------------------------------------------------------ estimates
+#: Seconds on a quiet 2-core machine, one thing at a time (``bench/results/demo.md``): the first
+#: estimate of each phase, before its own items have been timed (then the measured rate takes over).
+PRIOR_SECONDS = {
+    "seed notebook": 8.0,  # running one source notebook to build the compile-cache seed
+    "autograde start": 4.0,  # one student's nbgrader process, the pre-flight, the gradebook writes
+    "autograde notebook": 5.5,  # and each notebook it executes
+    "feedback notebook": 1.5,  # one feedback page
+    "generate": 3.0,  # one nbgrader generate_assignment
+    "export": 4.0,
+}
+#: How much faster N processes on N cores go than one (measured 1.64x on 2 cores, bench/results/parallel.md).
+PARALLEL_EFFICIENCY = 0.64
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def parallel_speed(workers: int) -> float:
+    """The expected speed-up of ``workers`` processes on this machine's cores (1 for one)."""
+    n = min(max(1, int(workers)), usable_cores())
+    return 1.0 + PARALLEL_EFFICIENCY * (n - 1)
+
+
+def task_seconds(course, assignment: str) -> float:
+    """The prior cost of one student's autograde of ``assignment`` (its notebooks)."""
+    try:
+        n = len(course.notebooks(assignment))
+    except Exception:  # noqa: BLE001
+        n = 1
+    return PRIOR_SECONDS["autograde start"] + PRIOR_SECONDS["autograde notebook"] * n
+
+
+def estimate_seconds(kind: str, units: float, workers: int = 1) -> float:
+    """``units`` x the prior of ``kind`` (``"seed"``, ``"feedback"``: per notebook), over ``workers``."""
+    per = PRIOR_SECONDS[f"{kind} notebook"]
+    return units * per / parallel_speed(min(workers, max(1, int(units))))
+
+
+# ----------------------------------------------------------------------------- compile-cache seeds
+def _seed_is_fresh(root: Path, assignment: str) -> bool:
+    """Whether the assignment's seed exists with the key it would be built with now (no build)."""
+    from ..grader import compile_cache as cc
+
+    try:
+        manifest = json.loads((cc.seed_dir(root, assignment) / cc.MANIFEST).read_text())
+        return isinstance(manifest, dict) and manifest.get("key") == cc.seed_key(Path(root), assignment)
+    except (OSError, ValueError):
+        return False
+
+
+def _build_seed(root: str, assignment: str):
+    """One seed (run in a process of its own by :func:`ensure_seeds`)."""
+    from ..grader import compile_cache as cc
+
+    return cc.ensure_seed(root, assignment)
+
+
+def ensure_seeds(course, names: Iterable[str], workers: int = 1, reporter=None) -> dict:
+    """Build (or reuse) the compile-cache seed of every assignment: ``{assignment: SeedResult}``.
+
+    Up-to-date seeds are reused at once. The others are built by running their source notebooks
+    (:func:`.compile_cache.ensure_seed`): with one worker here, one after another; with more,
+    ``workers`` assignments at a time, each in a process of its own (:class:`SeedBuild`).
+    ``reporter`` shows them.
+    """
+    return SeedBuild(course, names, workers).wait(reporter)
+
+
+class SeedBuild:
+    """The compile-cache seeds of a class run, started at once and waited for later (:meth:`wait`).
+
+    With more than one worker the stale seeds are built in the background from the moment this
+    object is made, ``workers`` at a time, each assignment in a process of its own (``spawn``: a
+    clean interpreter that inherits nothing of this process's threads), so they run alongside the
+    steps that do not need them (the demo starts them right after its course copy: generate, the
+    roster and the exchange hand-in only use one core). Seeds never depend on the gradebook: the
+    source notebooks, the library, JAX and the machine are their whole key. With one worker,
+    nothing happens before :meth:`wait`, which builds them one after another in this process.
+    """
+
+    def __init__(self, course, names: Iterable[str], workers: int = 1):
+        from ..grader import compile_cache as cc
+
+        self.course = as_course(course)
+        self.root = self.course.path_root
+        self.names = list(names)
+        self.workers = max(1, int(workers))
+        self.results: dict = {}
+        self.stale = [a for a in self.names if not _seed_is_fresh(self.root, a)]
+        for a in self.names:
+            if a not in self.stale:
+                self.results[a] = cc.ensure_seed(self.root, a)  # the key matches: returns at once
+        self.size = {a: max(1, len(list((self.root / "source" / a).glob("*.ipynb")))) for a in self.stale}
+        self.stale.sort(key=lambda a: -self.size[a])  # the longest first: the pool ends together
+        self.started = time.monotonic()
+        self.pool = None
+        self.futures: dict = {}
+        if self.workers > 1 and len(self.stale) > 1:
+            from concurrent.futures import ProcessPoolExecutor
+            import multiprocessing
+
+            self.pool = ProcessPoolExecutor(max_workers=min(self.workers, len(self.stale)),
+                                            mp_context=multiprocessing.get_context("spawn"))
+            self.futures = {self.pool.submit(_build_seed, str(self.root), a): a for a in self.stale}
+
+    def close(self) -> None:
+        """Stop a background build that will not be waited for (its processes are ended)."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            try:
+                proc.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        pool.shutdown(wait=True, cancel_futures=True)
+
+    def wait(self, reporter=None) -> dict:
+        """Every seed, built or reused: ``{assignment: SeedResult}``; ``reporter`` shows the rest."""
+        from concurrent.futures import as_completed
+
+        from ..grader import compile_cache as cc
+        from . import progress
+
+        rep = reporter or progress.null_reporter()
+        if not self.stale:
+            return {a: self.results[a] for a in self.names}
+        n = min(self.workers, len(self.stale))
+        background = self.pool is not None
+        est = sum(self.size.values()) * PRIOR_SECONDS["seed notebook"] / parallel_speed(n)
+        with rep.phase("compile-cache seeds", len(self.stale), unit="assignment", workers=n,
+                       weights=[self.size[a] for a in self.stale], estimate=est,
+                       what="the source notebooks run once, so every grading kernel loads their compiled "
+                            "programs instead of compiling them"
+                            + ("; begun in the background after the copy" if background else "")) as phase:
+            if background:
+                phase.start = self.started  # the time and the estimate count from the start of the build
+                try:
+                    for fut in as_completed(self.futures):
+                        a = self.futures[fut]
+                        try:
+                            self.results[a] = fut.result()
+                        except Exception as exc:  # noqa: BLE001 - no seed: kernels compile as before
+                            self.results[a] = cc.SeedResult(a, cc.seed_dir(self.root, a), 0, 0.0, rebuilt=False,
+                                                            problem=f"the seed build failed: {type(exc).__name__}: "
+                                                                    f"{exc}")
+                        phase.advance(weight=self.size[a])
+                finally:
+                    self.close()
+            else:
+                for a in self.stale:
+                    self.results[a] = cc.ensure_seed(self.root, a)
+                    phase.advance(weight=self.size[a])
+            for a in self.stale:
+                r = self.results[a]
+                if r.problem:
+                    problem = re.sub(r"\x1b\[[0-9;]*m", "", r.problem)  # nbclient's coloured traceback
+                    phase.write(f"   compile cache {a}: none ({problem}); its kernels compile from scratch")
+        return {a: self.results[a] for a in self.names}
+
+
+# ------------------------------------------------------------------------------- the class pool
+class ClassExecutor:
+    """A pool of ``workers`` for a whole class run (:func:`.orchestrator.grade_assignments`).
+
+    One worker: :class:`.orchestrator.SequentialExecutor` (one judge server in this process for
+    every assignment). More: one Dask LocalCluster of that many processes for the whole run
+    (:func:`.parallel.make_local_cluster`: one thread each, a worker that dies restarted, a student
+    whose worker died twice failed alone), every ``(assignment, student)`` task a
+    :func:`.orchestrator.grade_submission` retried once on a transient gradebook error, each
+    worker's judge server kept for the whole run and stopped at its end. Used as a context manager:
+    the cluster is shut down on leaving it.
+    """
+
+    def __init__(self, workers: int = 1):
+        self.workers = max(1, int(workers))
+        self.mode = "sequential" if self.workers == 1 else "parallel"
+        self._cluster = self._client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self) -> None:
+        client, cluster, self._client, self._cluster = self._client, self._cluster, None, None
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+
+    def describe(self, spec, n: int) -> str:
+        return f"grading {n} student(s) of {spec.assignment} on {self.workers} worker(s)"
+
+    def run(self, spec, students, on_result=None) -> list:
+        return self.run_many([(spec, s) for s in students], on_result)
+
+    def run_many(self, tasks, on_result=None) -> list:
+        tasks = list(tasks)
+        if self.workers == 1 or len(tasks) <= 1:
+            return SequentialExecutor().run_many(tasks, on_result)
+        return self._run_dask(tasks, on_result)
+
+    def _run_dask(self, tasks: list, on_result) -> list:
+        import hashlib
+
+        from distributed import Client, as_completed
+
+        from ..grader import judge_server
+        from . import parallel
+        from .orchestrator import grade_submission
+
+        serve = judge_server.enabled()
+        tasks = [(dataclasses.replace(spec, judge_server=serve), s) for spec, s in tasks]
+        # the gradebook is initialised here, once, before any worker writes to it (parallel.py)
+        by_assignment: dict = {}
+        for spec, s in tasks:
+            by_assignment.setdefault(spec.assignment, (spec, []))[1].append(s)
+        for spec, who in by_assignment.values():
+            parallel.prepare_gradebook(spec.course, spec.assignment, who, spec.db_url)
+        if self._client is None:
+            import warnings
+
+            with warnings.catch_warnings():
+                # the scheduler's HTTP endpoint moves to a free port when 8787 is taken (another
+                # cluster on this machine): distributed says so with a warning meant for developers
+                warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
+                self._cluster = parallel.make_local_cluster(min(self.workers, len(tasks)))
+            self._client = Client(self._cluster)
+        client = self._client
+        started = time.monotonic()
+        keys = [f"autograde-{spec.assignment}-{i}-{hashlib.sha1(s.encode()).hexdigest()[:10]}-{time.time_ns()}"
+                for i, (spec, s) in enumerate(tasks)]
+        futures = client.map(grade_submission, [spec for spec, _ in tasks], [s for _, s in tasks], key=keys,
+                             retries=1, pure=False)
+        task_of = {f.key: t for f, t in zip(futures, tasks)}
+        results = []
+        try:
+            for fut in as_completed(futures):
+                spec, student = task_of[fut.key]
+                try:
+                    result = fut.result()
+                except Exception as exc:  # KilledWorker, TransientGradebookError after the retry, ...
+                    result = parallel._result_from_exception(spec.assignment, student, exc, started)
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+        except BaseException:
+            client.cancel(futures, force=True)
+            raise
+        finally:
+            if serve:
+                try:
+                    client.run(judge_server.stop_shared)
+                except Exception:  # noqa: BLE001 - a worker that is gone took its server with it
+                    pass
+        return results
 
 
 class _GraderExecutor:

@@ -726,7 +726,8 @@ def ensure_build(course_root, assignment: str, notebook: str | None, library_dir
     given = given_names(source_nb) if source_nb is not None and source_nb.is_file() else set()
     given = {p for p in given if p[0] in _module_files(library_dir)}  # readings that name a real module
     known = source_nb is not None and source_nb.is_file()
-    plan = plan_build(library_dir, names, given, all_modules=not known)
+    # a full build keeps the checks (judging/), which import any module of the library: all of them
+    plan = plan_build(library_dir, names, given, all_modules=not known or not strip)
     exclude = GRADER_ONLY if strip else ()
     key = build_hash(library_dir, plan.removed, (*plan.modules, *(f"-{e}" for e in exclude)))
     parent = course_root / BUILD_DIR

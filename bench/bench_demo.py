@@ -1,0 +1,173 @@
+"""Benchmark of ``make demo`` end to end: the whole demo on one worker vs on a pool of the cores, same run.
+
+Each run is ``python -m rlhf_lab.demo --workers N`` exactly as ``make demo`` starts it (its scratch
+copy ``course_run/``, generate, roster, exchange hand-in, the compile-cache seeds, autograde,
+feedback, export, release), on a fresh copy of the course made for that run (the repository is
+never touched) with no compile-cache seed in it, so every run builds the seeds as a new user's
+first demo does (``--with-seeds`` copies the repository's seeds in instead, if it has any). The
+baseline, one worker (``--workers 1``: the sequential loop, one student after another, seeds one
+at a time), and the pool (``--workers N``, default the usable cores: Dask LocalCluster, seeds N at
+a time) are measured in the same run, in the order ``1, N, N, 1, ...`` (``--repeats``), so the load
+other programs put on this shared machine falls on both alike; the machine's load average and the
+CPU time other programs used meanwhile are reported with the figures. Both must give the same
+grades, cell by cell.
+
+Target: the whole demo within 4 minutes on a quiet 2-core machine.
+
+Usage: ``python bench/bench_demo.py [--workers N] [--repeats R] [--with-seeds] [--out bench/results/demo.md]``
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from rlhf_lab.instructor.classrun import pipeline  # noqa: E402
+
+TARGET_SECONDS = 240.0
+COURSE_ID = "rlhf-ppo"
+
+
+def load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def cpu_snapshot() -> tuple[float, float]:
+    """(CPU seconds the whole machine was busy, CPU seconds of this process and its finished children)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    own = os.times()
+    return t.user + t.nice + t.system + t.irq + t.softirq, own.user + own.system + own.children_user + own.children_system
+
+
+def cell_grades(root: Path) -> dict:
+    from nbgrader.api import Gradebook
+
+    out = {}
+    with Gradebook("sqlite:///" + str(root / "gradebook.db"), COURSE_ID) as gb:
+        for a in gb.assignments:
+            for s in a.submissions:
+                for nb in s.notebooks:
+                    for g in nb.grades:
+                        out[(a.name, s.student.id, nb.name, g.name)] = (g.auto_score, g.manual_score,
+                                                                        g.needs_manual_grade)
+    return out
+
+
+def one_demo(base: Path, label: str, workers: int, with_seeds: bool) -> dict:
+    include = pipeline.COURSE_FILES if with_seeds else tuple(n for n in pipeline.COURSE_FILES if n != ".cache")
+    course = pipeline.copy_course(base / label, ROOT, include=include)
+    env = {k: v for k, v in os.environ.items() if k not in ("RLHF_COURSE_DB", "RLHF_EXCHANGE", "RLHF_PROGRESS")}
+    env["RLHF_COURSE_ROOT"] = str(course)
+    load_before = os.getloadavg()[0]
+    before = cpu_snapshot()
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "rlhf_lab.demo", "--workers", str(workers)], cwd=course, env=env,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    after = cpu_snapshot()
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"the demo failed ({label})")
+    work = course / "course_run"
+    report = json.loads((work / pipeline.REPORT_NAME).read_text())
+    other = max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+    result = {"label": label, "workers": workers, "wall": wall, "steps": report.get("demo_seconds", {}),
+              "runs": report["runs"], "seeds": report.get("compile_cache_seeds", {}), "grades": cell_grades(work),
+              "stderr": proc.stderr, "load_before": load_before, "load_after": os.getloadavg()[0],
+              "other_cores": other}
+    shutil.rmtree(course, ignore_errors=True)
+    print(f"{label}: {wall:.1f} s with {workers} worker(s), load {load_before:.1f} -> {result['load_after']:.1f}, "
+          f"other programs {other:.2f} cores", flush=True)
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=pipeline.usable_cores())
+    ap.add_argument("--repeats", type=int, default=1, help="pairs of runs (order 1, N, N, 1, ...)")
+    ap.add_argument("--with-seeds", action="store_true", help="start from the repository's compile-cache seeds")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "demo.md")
+    args = ap.parse_args(argv)
+
+    cores = pipeline.usable_cores()
+    start_load = load()
+    results = {1: [], args.workers: []}
+    with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
+        base = Path(tmp)
+        order = []
+        for k in range(args.repeats):
+            order += [1, args.workers] if k % 2 == 0 else [args.workers, 1]
+        for i, w in enumerate(order):
+            results[w].append(one_demo(base, f"run{i + 1}-w{w}", w, args.with_seeds))
+    seq, par = results[1], results[args.workers]
+    same = all(r["grades"] == seq[0]["grades"] for r in seq + par) and seq[0]["grades"]
+    t_seq = statistics.median(r["wall"] for r in seq)
+    t_par = statistics.median(r["wall"] for r in par)
+    ratio = t_seq / t_par
+    other = statistics.mean(r["other_cores"] for r in seq + par)
+
+    def steps(r) -> str:
+        return ", ".join(f"{k} {v:.1f} s" for k, v in r["steps"].items() if k != "total")
+
+    n_runs = len(seq[0]["runs"])
+    lines = [
+        "# `make demo` end to end: one worker vs a pool of the cores", "",
+        f"Measured {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {platform.node()} ({cores} usable cores, "
+        f"Python {platform.python_version()}) by `bench/bench_demo.py"
+        f"{' --repeats ' + str(args.repeats) if args.repeats != 1 else ''}"
+        f"{' --with-seeds' if args.with_seeds else ''}`.",
+        f"Each run: `python -m rlhf_lab.demo --workers N` on a fresh copy of the course "
+        f"({'with the repository' + chr(39) + 's compile-cache seeds' if args.with_seeds else 'no compile-cache seed: each run builds them, as a first demo does'}); "
+        f"the bundled class, {len({r['student'] for r in seq[0]['runs']})} students, {n_runs} autogrades. "
+        f"Runs in the order {', '.join(str(w) for w in order)} (workers), in the same run. "
+        f"Load average (1/5/15 min) at the start: {start_load}; other programs kept {other:.2f} of the "
+        f"{cores} cores busy on average while the demos ran, which takes cores from the pool and shrinks "
+        "its ratio.", "",
+        "| run | workers | wall | steps (from the demo's report) | load before -> after | other programs' cores |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sorted(seq + par, key=lambda r: r["label"]):
+        lines.append(f"| {r['label']} | {r['workers']} | {r['wall']:.1f} s | {steps(r)} | "
+                     f"{r['load_before']:.1f} -> {r['load_after']:.1f} | {r['other_cores']:.2f} |")
+    lines += [
+        "",
+        f"**Whole demo: {t_par:.1f} s with {args.workers} workers vs {t_seq:.1f} s with one: {ratio:.2f}x** "
+        f"(target: within {TARGET_SECONDS:.0f} s on a quiet {cores}-core machine: "
+        f"{'met' if t_par <= TARGET_SECONDS else 'not met'} here). "
+        + ("Every run gave the same grades, cell by cell." if same else "THE RUNS GAVE DIFFERENT GRADES."),
+        "",
+        "Seeds (per assignment, first run of each kind): "
+        + "; ".join(f"{r['workers']} worker(s): " + ", ".join(
+            f"{a} {s['seconds']:.0f} s{' (rebuilt)' if s['rebuilt'] else ''}"
+            f"{' (no seed: ' + s['problem'][:80] + ')' if s.get('problem') else ''}" for a, s in r["seeds"].items())
+            for r in (seq[0], par[0])),
+        "",
+        f"- load average (1/5/15 min) at the end: {load()}", "",
+    ]
+    noisy = [r["label"] for r in seq + par if r["stderr"].strip() and "%|" not in r["stderr"]]
+    if noisy:
+        lines += [f"- stderr was not empty in {', '.join(noisy)}", ""]
+    text = "\n".join(lines)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
