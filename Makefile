@@ -106,7 +106,6 @@ environment.yml: requirements.txt
 
 ## Running a class (README "Instructors" / "Students"): the course's nbgrader exchange, the roster,
 ## the grader's guides, and JupyterLab as a student sees it.
-STUDENT_HOME ?= $(HOME)/rlhf-ppo-work
 LAB_PORT ?= 8888
 .PHONY: exchange roster guides check-guides student-lab
 
@@ -126,12 +125,29 @@ guides: venv
 check-guides: venv
 	$(RUN) $(PY) -m rlhf_lab.instructor.operations.guide --check
 
-## make student-lab: JupyterLab for a student (Assignment List, Course List, Validate; no instructor tools),
-## working in $(STUDENT_HOME); the instructor's own Jupyter set-up is not touched
+## make student-lab STUDENT=<id>: JupyterLab for one roster student (ROSTER=..., else $RLHF_ROSTER, roster.csv,
+## examples/roster.csv; other ids refused) in a private home $(STUDENT_HOMES)/<id> (0700: nbgrader's cache, the
+## lab workspace and settings); submits as <id>; nothing is written into the repository. On a server, `make hub`.
+STUDENT_HOMES ?= $(HOME)/rlhf-students
 student-lab: venv
 	$(check_root)
-	mkdir -p "$(STUDENT_HOME)"
-	cd "$(STUDENT_HOME)" && JUPYTER_CONFIG_DIR="$(CURDIR)/jupyter/student" $(RUN) $(VENV)/bin/jupyter lab --port=$(LAB_PORT) --ServerApp.root_dir="$(STUDENT_HOME)" $(LAB_ARGS)
+	@if [ -z "$(STUDENT)" ]; then echo "make student-lab: say who the student is: make student-lab STUDENT=<id from the roster>" >&2; exit 2; fi
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.student_lab "$(STUDENT)" --homes "$(STUDENT_HOMES)" $(if $(ROSTER),--roster "$(ROSTER)") -- --port=$(LAB_PORT) $(LAB_ARGS)
+
+## make student-lib: (re)build the students' copy of rlhf_lab ($RLHF_STUDENT_LIB, default /srv/rlhf-student-lib):
+## what the released notebooks use, without the hidden checks, the instructor tooling or the tasks' references
+student-lib: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.student_library build
+
+## A class on one server (README "Students" / "Instructors"): JupyterHub with a Linux account per student.
+## make hub-users: the roster's accounts (ROSTER=path), the instructor's, the course root and the exchange (root)
+## make hub: JupyterHub for the course on http://127.0.0.1:$(HUB_PORT)/ (root; make hub-users first)
+HUB_PORT ?= 8000
+.PHONY: hub hub-users student-lib
+hub-users: venv
+	$(RUN) $(PY) -m rlhf_lab.instructor.operations.hub users $(ROSTER)
+hub: venv
+	HUB_PORT=$(HUB_PORT) $(RUN) $(PY) -m rlhf_lab.instructor.operations.hub serve $(ROSTER)
 
 ## make bench-peer: our sequence-level PPO beside a PyTorch peer (TRL's PPO trainer tried first) on the
 ## same task; optional, not in CI. Ours runs from .venv, the peer from its own .venv-peer (pins in

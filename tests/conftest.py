@@ -5,6 +5,11 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# `make release` (tools/make_release.py) rebuilds the students' copy of the library where this says;
+# the suite's releases write it into a folder of their own, never the machine's /srv/rlhf-student-lib
+if "RLHF_STUDENT_LIB" not in os.environ:
+    import tempfile
+    os.environ["RLHF_STUDENT_LIB"] = os.path.join(tempfile.mkdtemp(prefix="rlhf-student-lib-"), "lib")
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))

@@ -6,7 +6,8 @@
 
 Nothing is released while ``source/`` breaks a lint rule (a task heading whose points disagree with
 the metadata, say): the problems are printed and the command exits 1. The course's gradebook is never touched (a throwaway one is used), and nbgrader runs with this
-interpreter's ``bin`` first on PATH (it shells out to ``alembic``).
+interpreter's ``bin`` first on PATH (it shells out to ``alembic``). Then the student build of
+``rlhf_lab`` is rebuilt where ``$RLHF_STUDENT_LIB`` says (``rlhf_lab.instructor.operations.student_library``).
 """
 import argparse
 import os
@@ -48,6 +49,9 @@ def main(argv=None) -> int:
     leaked = release.leaks(args.root)
     for leak in leaked:
         print(f"leak: {leak}")
+    if not leaked:  # the student build of rlhf_lab follows the release ($RLHF_STUDENT_LIB; never fails it)
+        from rlhf_lab.instructor.operations import student_library
+        print(student_library.release_hook(args.root))
     return 1 if leaked else 0
 
 

@@ -214,8 +214,8 @@ def start() -> None:
     state.reference = types.SimpleNamespace(
         **{n: getattr(private_ppo, n) for n in dir(private_ppo) if not n.startswith("_")
            and _isinstance(getattr(private_ppo, n), types.FunctionType)},
-        preference_loss=private_reward.preference_loss,
-        fit_reward=private_reward.fit_reward,
+        # (a library build without a task's reference, such as a student's, lacks some of them)
+        **{n: getattr(private_reward, n) for n in ("preference_loss", "fit_reward") if hasattr(private_reward, n)},
     )
     for name, fn in vars(state.reference).items():
         state.reference_ids[name] = _fingerprint(fn)

@@ -70,6 +70,7 @@ call, in the grading process, which imports the course library for the judge any
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -529,8 +530,53 @@ def safe_collect_class():
     """
     from nbgrader.exchange.default.collect import ExchangeCollect
     from nbgrader.utils import ignore_patterns
+    from traitlets import Bool
 
     class SafeExchangeCollect(ExchangeCollect):
+        refuse_foreign_owner = Bool(False, help=(
+            "Do not collect a submission whose folder in the exchange belongs to an account that is neither "
+            "the student's nor the collecting one (on a hub with one account per student: another student "
+            "submitted in this name); it is reported as an error naming the student and the owner. Off: a "
+            "warning, and it is collected.")).tag(config=True)
+        exchange_time = Bool(False, help=(
+            "Take each submission's time from the exchange (the latest status-change time of the folder and "
+            "of everything in it, which no account can set back), never from the folder's name or its "
+            "timestamp.txt, which the student's own process writes; the collected timestamp.txt says it.")
+        ).tag(config=True)
+
+        def init_src(self):
+            super().init_src()
+            if not (self.exchange_time or (self.refuse_foreign_owner and self.check_owner)):
+                return
+            # again from every entry: the latest per student must be chosen after the refusals and by
+            # the exchange's time, not by the times written in the names
+            from nbgrader.utils import parse_utc
+
+            student_id = self.coursedir.student_id or "*"
+            pattern = os.path.join(self.inbound_path, f"{student_id}+{self.coursedir.assignment_id}+*")
+            chosen: dict = {}
+            self._exchange_times = {}
+            for path in sorted(glob.glob(pattern)):
+                rec = self._path_to_record(path)
+                if self.refuse_foreign_owner and self.check_owner:
+                    problem = submission_owner_problem(path, rec["username"], refuse=True)
+                    if problem:
+                        self.log.error("collect: %s", problem)
+                        continue
+                if self.exchange_time:
+                    own = rec["timestamp"]
+                    rec["timestamp"] = parse_utc(exchange_time_of(path))
+                    self._exchange_times[rec["filename"]] = rec["timestamp"]
+                    if own is not None and abs((own - rec["timestamp"]).total_seconds()) > 120:
+                        self.log.warning("collect: student %r: the submission %s names the time %s, the exchange "
+                                         "received it at %s: the exchange's time is used", rec["username"],
+                                         rec["filename"], own, rec["timestamp"])
+                best = chosen.get(rec["username"])
+                due = self.duedate if self.before_duedate else None
+                if best is None or _later_choice(rec, best, due):
+                    chosen[rec["username"]] = rec
+            self.src_records = list(chosen.values())
+
         def copy_files(self):
             if not self.check_owner:
                 return super().copy_files()
@@ -563,11 +609,55 @@ def safe_collect_class():
             for found in refused:
                 self.log.error("collect: %s", found.message)
                 _exchange_record(self.coursedir, student, found)
+            when = getattr(self, "_exchange_times", {}).get(os.path.basename(src))
+            if when is not None:  # the collected copy says the exchange's time, not the student's
+                stamp = os.path.join(dest, "timestamp.txt")
+                if os.path.lexists(stamp):
+                    os.unlink(stamp)
+                with open(stamp, "x", encoding="utf-8") as fh:
+                    fh.write(when.strftime("%Y-%m-%d %H:%M:%S.%f UTC"))
 
     return SafeExchangeCollect
 
 
-def submission_owner_problem(path, student: str, collector_uid: int | None = None) -> str | None:
+def _later_choice(rec: dict, best: dict, due) -> bool:
+    """Does ``rec`` replace ``best`` as a student's submission to collect? The latest wins; with
+    ``due`` (``CollectApp.before_duedate``), the latest before the due date wins over any after it."""
+    if due is not None:
+        rec_in, best_in = rec["timestamp"] <= due, best["timestamp"] <= due
+        if rec_in != best_in:
+            return rec_in
+    return rec["timestamp"] > best["timestamp"]
+
+
+#: at most this many entries are looked at for a submission's time (nbgrader bounds its size anyway)
+MAX_TIME_ENTRIES = 20000
+
+
+def exchange_time_of(path) -> "datetime.datetime":
+    """The time the exchange received the submission folder ``path``: the latest status-change time
+    (ctime) of the folder and of every entry in it, links and special files not followed. Unlike a
+    name, a ``timestamp.txt`` or a modification time, a ctime cannot be set by the account that
+    owns the file (any change, ``utime`` included, moves it to now), so a student can make their
+    submission look later, never earlier."""
+    import datetime
+
+    latest = os.lstat(path).st_ctime
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(path):  # (os.walk does not follow links to folders)
+        for name in dirnames + filenames:
+            seen += 1
+            if seen > MAX_TIME_ENTRIES:
+                break
+            try:
+                latest = max(latest, os.lstat(os.path.join(dirpath, name)).st_ctime)
+            except OSError:
+                continue
+    return datetime.datetime.fromtimestamp(latest, datetime.timezone.utc)
+
+
+def submission_owner_problem(path, student: str, collector_uid: int | None = None,
+                             refuse: bool = False) -> str | None:
     """Why the owner of the exchange submission folder ``path`` of ``student`` needs a look, or None.
 
     None when the folder (not followed if it is a link) belongs to the Unix account named like the
@@ -597,9 +687,11 @@ def submission_owner_problem(path, student: str, collector_uid: int | None = Non
     named = f"the Unix account {owner!r}" if owner else f"user id {uid}, which has no account on this machine,"
     return (f"the submission {os.path.basename(path)} of student {student!r} was handed in by {named} "
             f"(its folder in the exchange belongs to it), not by the account {student!r} nor by the account "
-            f"collecting ({collector!r}): another account submitted in this student's name. It is collected "
-            "as usual; check with the student before grading it (--CollectApp.check_owner=False turns "
-            "this check off).")
+            f"collecting ({collector!r}): another account submitted in this student's name. "
+            + ("It was NOT collected (SafeExchangeCollect.refuse_foreign_owner); the student's own submissions "
+               "are collected as usual." if refuse else
+               "It is collected as usual; check with the student before grading it (--CollectApp.check_owner=False "
+               "turns this check off)."))
 
 
 def safe_release_feedback_class():
