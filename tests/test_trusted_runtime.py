@@ -103,6 +103,26 @@ def test_test_cells_and_cells_it_does_not_need_never_run(run, tmp_path):
     assert tr.needed_cells(cells(LOSS, "import os\nos.remove('x')", "z = 1", "pass", test_index=3), 3, "loss") == [0]
 
 
+def test_a_functions_own_locals_do_not_pull_in_cells_that_bind_the_same_names():
+    """An experiment cell (a training run, say) that binds ``beta`` or ``margin`` at the top level is
+    not needed by a function whose parameter or local has that name; globals it reads still are, also
+    from nested functions, comprehensions and default values."""
+    imports = "import jax\nimport jax.numpy as jnp\nSCALE = 2.0\n"
+    experiment = "beta = 0.1\nmargin = jnp.zeros(3)\nrun = [beta * m for m in range(3)]\n"
+    helper = "def helper(v):\n    return v * SCALE\n"
+    answer = ("def dpo(logp, beta, k=SCALE):\n    margin = logp - 1.0\n"
+              "    inner = lambda t: helper(t) * beta\n"
+              "    return jnp.mean(jax.nn.softplus(-beta * margin)) + sum(inner(m) for m in [k])\n")
+    nb = cells(imports, experiment, helper, answer, "pass", test_index=4)
+    assert tr.needed_cells(nb, 4, "dpo") == [0, 2, 3]
+    # a top-level read of an experiment's name still needs that cell
+    reads = "scale_from_run = run[0]\ndef dpo(logp, beta):\n    return logp * scale_from_run\n"
+    assert tr.needed_cells(cells(imports, experiment, reads, "pass", test_index=3), 3, "dpo") == [0, 1, 2]
+    # a global read inside the function (not a local of it) needs the cell that binds it
+    glob = "def dpo(logp):\n    return logp * margin\n"
+    assert tr.needed_cells(cells(imports, experiment, glob, "pass", test_index=3), 3, "dpo") == [0, 1, 2]
+
+
 def test_a_missing_function_is_named(run):
     runtime = run("x = 1\n")
     with pytest.raises(GradingError, match="`loss` is not defined"):

@@ -413,7 +413,29 @@ def _bound_names(tree: ast.Module) -> tuple[set[str], set[str]]:
     return bound, sure
 
 
-def _used_names(tree: ast.Module) -> set[str]:
+def _used_names(tree: ast.Module, source: str | None = None) -> set[str]:
+    """The names a cell reads from the notebook's namespace: those it reads at its top level, and
+    those its functions, classes and comprehensions read as globals (:mod:`symtable`). A function's
+    own parameters and locals are not read from the namespace, so an earlier cell that happens to
+    bind a variable of the same name (``beta``, ``mask``) is not needed for it. Without ``source``
+    (or when :mod:`symtable` cannot read it), every name the cell loads anywhere."""
+    if source is not None:
+        import symtable
+
+        try:
+            top = symtable.symtable(source, "<cell>", "exec")
+        except (SyntaxError, ValueError):
+            top = None
+        if top is not None:
+            out: set[str] = set()
+            stack = [top]
+            while stack:
+                table = stack.pop()
+                for sym in table.get_symbols():
+                    if sym.is_referenced() and (table.get_type() == "module" or sym.is_global()):
+                        out.add(sym.get_name())
+                stack.extend(table.get_children())
+            return out
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
@@ -440,7 +462,8 @@ def needed_cells(cells, upto: int, name: str) -> list[int]:
 
     Walking up from the test cell: a cell is needed when it binds or mutates a name still needed
     (``def``, assignment, import, ``x[...] =``, ``x.attr =``, ``x.append(...)``...); then the names it
-    reads are needed too, and a name it binds unconditionally at its top level is satisfied. A cell
+    reads from the namespace are needed too (:func:`_used_names`: not its functions' own locals), and
+    a name it binds unconditionally at its top level is satisfied. A cell
     that ``import *`` counts as binding everything; a cell that does not parse is skipped (it would
     fail in the kernel too).
     """
@@ -449,15 +472,16 @@ def needed_cells(cells, upto: int, name: str) -> list[int]:
         cell = cells[index]
         if cell.get("cell_type") != "code" or is_test_cell(cell):
             continue
+        source = python_source(cell.get("source", ""))
         try:
-            tree = ast.parse(python_source(cell.get("source", "")))
+            tree = ast.parse(source)
         except SyntaxError:
             continue
         bound, sure = _bound_names(tree)
         if not (bound & need or "*" in bound):
             continue
         chosen.append(index)
-        need = (need - sure) | _used_names(tree)
+        need = (need - sure) | _used_names(tree, source)
     return sorted(chosen)
 
 
