@@ -4,7 +4,8 @@ What runs inside nbgrader's own processes (``autograde`` and ``generate_feedback
 ``nbgrader_config.py``) to turn one student's files into a grade and a feedback page, trusting
 nothing the student left:
 
-* pre-flight of the submitted files: :mod:`.integrity` (the findings), :mod:`.rebinding` (statements
+* pre-flight of the submitted files: :mod:`.integrity` (the entry point and its findings' policy),
+  :mod:`.preflight` (its checks, one module per kind of finding), :mod:`.rebinding` (statements
   that rebind JAX, NumPy or the library), :mod:`.preflight_hook` (the same check inside every
   ``nbgrader autograde``), :mod:`.safe_files` (reading, copying and walking student paths without
   following links or special files);

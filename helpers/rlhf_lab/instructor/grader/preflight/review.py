@@ -1,0 +1,125 @@
+"""Answer code reported for review: copies of library functions, rebinding and introspection.
+
+Nothing a student cell does inside its kernel can change a grade (the judge decides, the kernel is
+sandboxed), so these read what the code does only to report it:
+
+* ``library-copy`` (warn): an answer function equal to a library function up to names, comments,
+  docstrings and formatting (:func:`..library_build.suspicious_copies`'s comparison);
+* ``rebinding`` / ``introspection`` (block): a statement in an answer or added cell that rebinds an
+  attribute of JAX, NumPy, builtins or the course library, or ``sys.modules``, or reads frames,
+  the garbage collector, tracing or ``ctypes`` (:mod:`..rebinding`); the test cells at or below it
+  are withheld for review; at most :data:`MAX_REBINDING_FINDINGS` per notebook, then one summing
+  up the rest.
+
+Text only: nothing runs. May import :mod:`..library_build` and :mod:`..rebinding` (inside the
+functions: importing this module stays cheap), :mod:`.findings` and :mod:`.release`.
+"""
+from __future__ import annotations
+
+from .findings import BLOCK, WARN, Finding
+from .release import NotebookSpec, cell_source, nbg
+
+
+def library_copy_findings(F, nb) -> list[Finding]:
+    """``library-copy`` findings of ``nb``; ``F`` builds a :class:`.Finding` of this notebook."""
+    return [F(cell=None, grade_id=copy_.cell, line=copy_.line, code="library-copy", severity=WARN,
+              message=f"{copy_}; reported for review (the answer is judged on its outputs)")
+            for copy_ in library_copies(nb)]
+
+
+_FINGERPRINTS: list = []  # [fingerprints of the installed library], computed once per process
+
+
+def library_copies(nb) -> list:
+    """Answer-cell functions that are a library function up to names (text only; nothing runs):
+    :func:`rlhf_lab.instructor.grader.library_build.suspicious_copies`, with the library read once."""
+    import ast
+
+    from .. import library_build as lb
+
+    try:
+        if not _FINGERPRINTS:
+            _FINGERPRINTS.append(lb.reference_fingerprints())
+        refs = _FINGERPRINTS[0]
+        found = []
+        for index, cell in enumerate(nb.cells):
+            meta = nbg(cell)
+            if cell.get("cell_type") != "code" or not meta.get("solution"):
+                continue
+            try:
+                tree = ast.parse(lb._strip_magics(cell_source(cell)))
+            except SyntaxError:
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    match = refs.get(lb.normalised(node))
+                    if match is not None:
+                        found.append(lb.Finding(str(meta.get("grade_id") or f"cell {index}"), node.name, match,
+                                                node.lineno))
+        return found
+    except Exception:  # noqa: BLE001 - a review aid must never stop the pre-flight
+        return []
+
+
+#: At most this many ``rebinding`` / ``introspection`` findings per notebook (then one for the rest).
+MAX_REBINDING_FINDINGS = 10
+_REBINDING_WHY = ("grades come from the judge and the grader's own jax.grad; code that rewrites JAX, NumPy, "
+                  "builtins or the course library is reviewed by the instructor before these points count; "
+                  "remove it and ask for a regrade")
+_INTROSPECTION_WHY = ("grades come from the judge and the grader's own jax.grad; code that reaches into the "
+                      "kernel's frames, objects or tracing is reviewed by the instructor before these points "
+                      "count; remove it and ask for a regrade")
+
+
+def rebinding_findings(F, name: str, spec: NotebookSpec, nb) -> list:
+    """``rebinding`` / ``introspection`` findings of one notebook (:func:`..rebinding.scan_cells`).
+
+    Cells read: every code cell except the release's locked cells (given and test cells, matched by
+    grade id: nbgrader runs the release's text for those, so that text is what is read for the
+    names they import, and nothing in them is reported). Each hit withholds the test cells at or
+    below its cell in the submitted notebook. ``F`` builds a :class:`Finding` of this notebook."""
+    from .. import rebinding
+
+    try:
+        locked = {c.grade_id: c for c in spec.cells if c.kind in ("given", "test")}
+        sources, scanned, tests_at = [], set(), {}
+        for i, cell in enumerate(nb.cells):
+            gid = nbg(cell).get("grade_id")
+            cspec = spec.by_id(gid) if gid else None
+            if cspec is not None and cspec.kind == "test":
+                tests_at.setdefault(gid, i)
+            if gid in locked:
+                sources.append(locked[gid].source if locked[gid].cell_type == "code" else "")
+                continue
+            # an answer cell saved as another type is restored to code by the repair and runs
+            is_code = (cspec.cell_type if cspec is not None else cell.get("cell_type")) == "code"
+            sources.append(cell_source(cell) if is_code else "")
+            if is_code:
+                scanned.add(i)
+        hits = [(i, hit) for i, hit in rebinding.scan_cells(sources) if i in scanned]
+    except Exception:  # noqa: BLE001 - a text check must never stop the pre-flight
+        return []
+
+    def withheld(index: int) -> tuple:
+        return tuple((name, gid) for gid, at in sorted(tests_at.items(), key=lambda kv: kv[1]) if at >= index)
+
+    out = []
+    for i, hit in hits[:MAX_REBINDING_FINDINGS]:
+        text = hit.text if len(hit.text) <= 120 else hit.text[:117] + "..."
+        if hit.kind == rebinding.REBIND:
+            code, message = "rebinding", f"`{text}` rewrites {hit.target}; {_REBINDING_WHY}"
+        else:
+            code, message = "introspection", f"`{text}` reaches into the kernel ({hit.target}); {_INTROSPECTION_WHY}"
+        out.append(F(cell=i, grade_id=nbg(nb.cells[i]).get("grade_id"), line=hit.line, code=code,
+                     severity=BLOCK, withhold=withheld(i), message=message))
+    rest = hits[MAX_REBINDING_FINDINGS:]
+    if rest:
+        i, hit = rest[0]
+        cells = ", ".join(str(c) for c in dict.fromkeys(c for c, _ in rest))
+        only_introspection = all(h.kind != rebinding.REBIND for _, h in rest)
+        out.append(F(cell=i, grade_id=nbg(nb.cells[i]).get("grade_id"), line=hit.line,
+                     code="introspection" if only_introspection else "rebinding", severity=BLOCK,
+                     withhold=withheld(i),
+                     message=f"{len(rest)} more statement(s) like these (in cell(s) {cells}) are not listed one by "
+                             f"one; {_INTROSPECTION_WHY if only_introspection else _REBINDING_WHY}"))
+    return out
