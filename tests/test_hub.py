@@ -210,6 +210,22 @@ def test_roster_id_that_is_no_linux_name_is_rejected_with_its_line(klass, tmp_pa
         pwd.getpwnam(good)
 
 
+@pytest.mark.parametrize("system", ["root", "daemon", "nobody"])
+def test_a_roster_id_that_is_a_system_account_is_refused(klass, tmp_path, system):
+    """Reusing an existing account must never hand a student (or whoever knows its password) a
+    server with root's or a system account's powers: refused before anything is created."""
+    good = "t21" + secrets.token_hex(3) + "ok"
+    roster = tmp_path / "roster.csv"
+    roster.write_text(f"id,first_name\n{good},A\n{system},B\n")
+    done = _run_hub(dict(klass.env, RLHF_ROSTER=str(roster)), "users")
+    assert done.returncode == 2, done.stdout
+    assert f"{system!r} is a system account of this machine" in done.stderr and "Traceback" not in done.stderr
+    with pytest.raises(KeyError):
+        pwd.getpwnam(good)
+    assert any(f"{system!r} is a system account" in p
+               for p in hubmod.serve_problems(hubmod.Settings.from_env(env=dict(klass.env, RLHF_ROSTER=str(roster)))))
+
+
 def test_no_roster_says_what_to_do(klass, tmp_path):
     done = _run_hub(dict(klass.env, RLHF_ROSTER=str(tmp_path / "missing.csv")), "users")
     assert done.returncode == 2 and "no roster" in done.stderr and "ROSTER=path/to/roster.csv" in done.stderr

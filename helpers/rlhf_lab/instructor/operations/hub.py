@@ -92,6 +92,7 @@ DEFAULT_INSTRUCTOR = "instructor"
 DEFAULT_PORT = 8000
 HUB_CONFIG = REPO_ROOT / "hub" / "jupyterhub_config.py"
 PROXY = "configurable-http-proxy"
+PROXY_TIMEOUT_MS = 30 * 60 * 1000  # how long the proxy waits for a server's answer (Formgrader's long requests)
 
 
 class HubError(PipelineError):
@@ -176,6 +177,36 @@ def _check_account_name(what: str, name: str) -> None:
 
 # --- accounts ----------------------------------------------------------------------------------------
 
+def _uid_range() -> tuple[int, int]:
+    """The uids of ordinary accounts on this machine (``UID_MIN``/``UID_MAX`` of /etc/login.defs,
+    1000..60000 when it does not say)."""
+    low, high = 1000, 60000
+    try:
+        for line in Path("/etc/login.defs").read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] in ("UID_MIN", "UID_MAX") and parts[1].isdigit():
+                low, high = (int(parts[1]), high) if parts[0] == "UID_MIN" else (low, int(parts[1]))
+    except OSError:
+        pass
+    return low, high
+
+
+def system_account_problem(name: str) -> str | None:
+    """Why the existing account ``name`` must not become a course account (None: it may, or it does
+    not exist): root and the system's own accounts (``daemon``, ``www-data``, ``nobody``...; uids
+    outside ``UID_MIN..UID_MAX``) are never reused as a student's or the instructor's, since the hub
+    would start a server with that account's powers for whoever knows its password."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    low, high = _uid_range()
+    if entry.pw_uid == 0 or not low <= entry.pw_uid <= high:
+        return (f"{name!r} is a system account of this machine (uid {entry.pw_uid}; ordinary accounts are "
+                f"{low}..{high}): it cannot be a course account; give the student another id in the roster")
+    return None
+
+
 def _need_root(what: str) -> None:
     if os.geteuid() != 0:
         raise HubError(f"{what} needs root (it creates Linux accounts and folders owned by them); "
@@ -193,6 +224,9 @@ def ensure_account(name: str, home_base: Path) -> tuple[str, str | None]:
     """Create the Linux user ``name`` (home ``home_base/name``, mode 0700, a random password) or
     reuse the existing one untouched. Returns ``("created", password)`` or ``("reused", None)``."""
     _check_account_name("account", name)
+    problem = system_account_problem(name)
+    if problem:
+        raise HubError(problem)
     try:
         pwd.getpwnam(name)
         return "reused", None
@@ -349,6 +383,9 @@ def setup_users(settings: Settings, out=print) -> dict:
     if clash:
         raise HubError(f"roster {settings.roster}: {', '.join(clash)} is also the instructor/grader account")
     _need_root("`hub users`")
+    system = [p for p in (system_account_problem(n) for n in settings.staff() + ids) if p]
+    if system:  # before anything is created
+        raise HubError(f"roster {settings.roster}: " + "; ".join(system))
     created, reused, passwords = [], [], {}
     for name in settings.staff() + ids:
         what, password = ensure_account(name, settings.home_base)
@@ -412,6 +449,7 @@ def serve_problems(settings: Settings) -> list[str]:
         ids = roster_ids(settings.roster)
     except HubError as exc:
         return problems + [str(exc)]
+    problems += [p for p in (system_account_problem(n) for n in settings.staff() + ids) if p]
     missing = [n for n in settings.staff() + ids if not _user_exists(n)]
     if missing:
         problems.append(f"no Linux account for {', '.join(missing)}: run `make hub-users` (as root) first")
@@ -789,7 +827,9 @@ def configure(c, env=None) -> Settings:
     c.JupyterHub.hub_ip = "127.0.0.1"
     c.JupyterHub.hub_port = settings.hub_port
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
-    c.ConfigurableHTTPProxy.command = [proxy_command() or PROXY]
+    # the Python proxy gives up on a request after tornado's default 20 s (503 "Timeout during request"):
+    # Formgrader's Collect, Autograde and Generate Feedback answer only when done, so allow 30 minutes
+    c.ConfigurableHTTPProxy.command = [proxy_command() or PROXY, f"--proxy-timeout={PROXY_TIMEOUT_MS}"]
     c.ConfigurableHTTPProxy.auth_token = secret_file(private / "proxy_auth_token")
     c.ConfigurableHTTPProxy.pid_file = str(private / "jupyterhub-proxy.pid")
     c.ConfigurableHTTPProxy.log_level = "error"  # the Python proxy knows debug|info|warning|error, JupyterHub debug|info|warn|error
@@ -805,6 +845,9 @@ def configure(c, env=None) -> Settings:
     auth = _authenticator_class()
     auth.course_id = settings.course_id
     c.JupyterHub.authenticator_class = auth
+    system = [p for p in (system_account_problem(n) for n in set(ids) | set(staff)) if p]
+    if system:  # (`serve` refuses first; this guards a hub started from this config some other way)
+        raise HubError("; ".join(system))
     c.Authenticator.allowed_users = set(ids) | set(staff)
     c.Authenticator.admin_users = set()
     c.PAMAuthenticator.open_sessions = False
