@@ -152,3 +152,19 @@ def probe(x, w):
 ''')
     got = runtime.grad("probe", 1, Jax(X), Jax(W))
     np.testing.assert_allclose(np.asarray(got), expected(X, W), rtol=1e-6, atol=1e-7)
+
+
+def test_a_library_on_pythonpath_is_put_back_on_the_isolated_runners_path(monkeypatch, tmp_path):
+    """``python -I`` ignores PYTHONPATH, where the hub's instructor server has the course library: the
+    runner gets that folder on sys.path itself, and only that folder (nothing else of PYTHONPATH)."""
+    import os
+    import rlhf_lab
+
+    parent = os.path.dirname(os.path.realpath(os.path.dirname(rlhf_lab.__file__)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), parent]))
+    line = tr._library_path()
+    assert line == f"import sys; sys.path.insert(0, {parent!r})\n"
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert tr._library_path() == ""
+    monkeypatch.delenv("PYTHONPATH")
+    assert tr._library_path() == ""

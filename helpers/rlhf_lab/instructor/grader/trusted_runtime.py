@@ -351,6 +351,19 @@ def enabled(environ=None) -> bool:
     return (os.environ if environ is None else environ).get(ENABLE_ENV, "1") != "0"
 
 
+def _library_path() -> str:
+    """A first line for :data:`RUNNER` when the course library comes from ``PYTHONPATH`` (the hub's
+    servers have no installed ``rlhf_lab``: the hub puts the instructor's library on ``PYTHONPATH``),
+    which ``-I`` ignores: the runner puts that folder on ``sys.path`` itself (in the sandbox the
+    library is bound at the same path). Empty when the library is installed (the venv's own)."""
+    try:
+        parent = os.path.dirname(_sandbox()._installed_library_dir())
+    except Exception:  # noqa: BLE001 - no library at all: the runner's own import says so
+        return ""
+    entries = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    return f"import sys; sys.path.insert(0, {parent!r})\n" if parent in entries else ""
+
+
 def _sandbox():
     """:mod:`.sandbox`, loaded by file path under the name ``nbgrader_config.py`` uses."""
     if _SANDBOX_NAME not in sys.modules:
@@ -699,7 +712,7 @@ class TrustedRuntime:
         kg = sb._kernel_guard
         km = self.km
         python = os.path.join(sys.prefix, "bin", "python")
-        inner = [python, "-I", "-c", RUNNER]
+        inner = [python, "-I", "-c", _library_path() + RUNNER]
         memory = getattr(km, "memory_mb", None) or kg._env_int("RLHF_KERNEL_MEMORY_MB", 4096)
         files = getattr(km, "file_mb", None) or kg._env_int("RLHF_KERNEL_FILE_MB", 1024)
         env = {k: v for k, v in os.environ.items() if k.startswith(("JAX_", "XLA_", "TF_CPP_", "LANG", "LC_",
