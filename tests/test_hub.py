@@ -15,111 +15,18 @@ import pwd
 import re
 import secrets
 import shutil
-import signal
 import socket
-import stat
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-PY = str(REPO / ".venv" / "bin" / "python")
-MODULE = "rlhf_lab.instructor.operations.hub"
-
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
                                 reason="creates Linux accounts: needs root and useradd")
 
+from hub_support import (REPO, Class, _as_user, _kernel_eval, _login, _mode, _owner, _page_text,  # noqa: E402
+                         _run_hub, _server_pids, _server_session, _shadow, _spawn,
+                         make_accounts, running_hub)
 from rlhf_lab.instructor.operations import hub as hubmod  # noqa: E402
-
-
-def _free_base_port() -> int:
-    """A port with the next two also free (the hub uses three)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65000 and all(hubmod.port_free(port + i) for i in range(3)):
-            return port
-    raise RuntimeError("no three free ports in a row")
-
-
-def _procs_of(uids) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid in uids:
-                    out.append(int(entry))
-            except FileNotFoundError:
-                pass
-    return out
-
-
-def _run_hub(env, *args, user=None, timeout=120):
-    cmd = [PY, "-m", MODULE, *args]
-    if user:  # as another account, with a Python that account can run (the servers' one) and a copy of
-        # the library it can read (the repository may be a folder only root can enter, as CI's clone is)
-        checkout = Path(env["RLHF_HUB_STATE"]).parent / "checkout-for-others"
-        if not checkout.is_dir():  # the library and the course config, laid out as in the repository
-            hubmod._linked_copy(REPO / "helpers" / "rlhf_lab", checkout / "helpers" / "rlhf_lab")
-            shutil.copyfile(REPO / "nbgrader_config.py", checkout / "nbgrader_config.py")
-        env = dict(env, PYTHONPATH=str(checkout / "helpers"))
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups",
-               str(Path(env["RLHF_HUB_STATE"]) / "venv" / "bin" / "python"), "-m", MODULE, *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd="/")
-
-
-class Class:
-    """A throw-away class: a roster of two students, an instructor, the hub's folders under /tmp."""
-
-    def __init__(self):
-        tag = "t21" + secrets.token_hex(3)
-        self.students = [f"{tag}a", f"{tag}b"]
-        self.instructor = f"{tag}i"
-        self.outsider = f"{tag}x"  # a Linux account that is not on the roster
-        self.top = Path(tempfile.mkdtemp(prefix="h21-"))
-        os.chmod(self.top, 0o755)
-        self.roster = self.top / "roster.csv"
-        self.roster.write_text("id,first_name,last_name,email,lms_user_id\n"
-                               + "".join(f"{s},First,Last{i},,\n" for i, s in enumerate(self.students)))
-        os.chmod(self.roster, 0o644)
-        self.port = _free_base_port()
-        self.env = dict(os.environ, RLHF_ROSTER=str(self.roster), RLHF_HUB_INSTRUCTOR=self.instructor,
-                        RLHF_HUB_COURSE=str(self.top / "course"), RLHF_EXCHANGE=str(self.top / "nbx" / "exchange"),
-                        RLHF_HUB_STATE=str(self.top / "state"), HUB_PORT=str(self.port),
-                        RLHF_STUDENT_LIB=str(self.top / "student-lib"),
-                        JAX_PLATFORMS="cpu")
-        self.passwords: dict = {}
-        self.made = []
-
-    def add_user(self, name, password):
-        subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name], check=True)
-        subprocess.run(["chpasswd"], input=f"{name}:{password}\n", text=True, check=True)
-        self.made.append(name)
-
-    def settings(self):
-        return hubmod.Settings.from_env(env=self.env)
-
-    def cleanup(self):
-        names = set(self.made) | set(self.students) | {self.instructor, self.outsider}
-        uids = set()
-        for name in names:
-            try:
-                uids.add(pwd.getpwnam(name).pw_uid)
-            except KeyError:
-                pass
-        for pid in _procs_of(uids):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for name in names:
-            if name in {p.pw_name for p in pwd.getpwall()}:
-                subprocess.run(["userdel", "-r", name], capture_output=True)
-        shutil.rmtree(self.top, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -132,32 +39,10 @@ def klass():
         k.outsider_pw = "Out-pw-" + secrets.token_hex(4)
         k.add_user(k.outsider, k.outsider_pw)
         k.shadow_before = _shadow(k.students[1])
-        done = _run_hub(k.env, "users")
-        assert done.returncode == 0, done.stderr
-        k.users_output = done.stdout
-        files = sorted((k.top / "state").glob("new-passwords-*.csv"))
-        assert len(files) == 1, files
-        k.password_file = files[0]
-        with open(files[0], newline="") as fh:
-            k.passwords.update({r["id"]: r["password"] for r in csv.DictReader(fh)})
+        make_accounts(k)
         yield k
     finally:
         k.cleanup()
-
-
-def _shadow(name) -> str:
-    for line in Path("/etc/shadow").read_text().splitlines():
-        if line.split(":", 1)[0] == name:
-            return line.split(":")[1]
-    raise KeyError(name)
-
-
-def _mode(path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
-
-
-def _owner(path) -> str:
-    return pwd.getpwuid(os.lstat(path).st_uid).pw_name
 
 
 # --- users ---------------------------------------------------------------------------------------------
@@ -245,13 +130,18 @@ def test_exchange_loosened_mode_is_repaired_and_foreign_owner_refused(klass):
     inbound = s.exchange / s.course_id / "inbound"
     os.chmod(inbound, 0o777)  # readable by all: students could list each other's submissions
     os.chmod(s.exchange, 0o777)  # the sticky bit gone: a student could rename the course folder
+    acl = hubmod.inbound_default_acl(pwd.getpwnam(klass.instructor).pw_uid)
+    assert os.getxattr(inbound, hubmod.DEFAULT_ACL) == acl  # hub users set it
+    os.removexattr(inbound, hubmod.DEFAULT_ACL)  # submissions would no longer be the instructor's alone
     checked = _run_hub(klass.env, "check")
     assert checked.returncode == 2
     assert f"{inbound}: mode 0777, must be 3733" in checked.stderr
+    assert f"{inbound}: no default ACL" in checked.stderr
     assert _mode(inbound) == 0o777  # check changes nothing
     fixed = _run_hub(klass.env, "users")
     assert fixed.returncode == 0, fixed.stderr
     assert f"{inbound}: mode 0777 repaired to 3733" in fixed.stdout
+    assert f"{inbound}: default ACL set" in fixed.stdout and os.getxattr(inbound, hubmod.DEFAULT_ACL) == acl
     assert f"{s.exchange}: mode 0777 repaired to 1777" in fixed.stdout
     assert _mode(inbound) == 0o3733 and _mode(s.exchange) == 0o1777
     # a course folder made by a student is refused, not adopted or chowned
@@ -295,108 +185,8 @@ def test_serve_says_what_to_do_on_a_busy_port_or_without_the_proxy(klass, monkey
 
 @pytest.fixture(scope="module")
 def hub(klass):
-    import requests
-
-    log = open(klass.top / "hub.log", "w")
-    proc = subprocess.Popen([PY, "-m", MODULE, "serve"], env=klass.env, stdout=log, stderr=subprocess.STDOUT,
-                            cwd="/", start_new_session=True)
-    base = f"http://127.0.0.1:{klass.port}"
-    try:
-        for _ in range(240):
-            assert proc.poll() is None, (klass.top / "hub.log").read_text()[-3000:]
-            try:
-                if requests.get(base + "/hub/login", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise AssertionError("hub did not come up:\n" + (klass.top / "hub.log").read_text()[-3000:])
-        assert _proxy_pids(klass.port), "the hub runs without the Python configurable-http-proxy"
+    with running_hub(klass) as base:
         yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)  # the hub stops every server and its proxy
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-        users = {pwd.getpwnam(n).pw_uid for n in (*klass.students, klass.instructor)}
-        for _ in range(40):
-            if not _procs_of(users):
-                break
-            time.sleep(0.5)
-        left = _procs_of(users)
-        assert not left, f"servers left running after the hub stopped: {left}"
-        assert not _proxy_pids(klass.port), "the proxy outlived the hub"
-
-
-def _proxy_pids(port) -> list[int]:
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(c.endswith(b"configurable-http-proxy") for c in cmd) and str(port).encode() in cmd:
-            out.append(int(entry))
-    return out
-
-
-def _login(base, user, password):
-    import requests
-
-    s = requests.Session()
-    s.get(base + "/hub/login").raise_for_status()
-    r = s.post(base + "/hub/login", data={"username": user, "password": password, "_xsrf": s.cookies["_xsrf"]},
-               allow_redirects=False)
-    return s, r
-
-
-def _page_text(html: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"(?s)<script.*?</script>|<[^>]+>", " ", html))
-
-
-def _hub_xsrf(s, base) -> dict:
-    token = re.search(r'xsrf_token: "([^"]+)"', s.get(base + "/hub/home").text).group(1)
-    return {"X-XSRFToken": token}
-
-
-def _spawn(s, base, user) -> dict:
-    h = _hub_xsrf(s, base)
-    r = s.post(base + f"/hub/api/users/{user}/server", headers=h, json={})
-    assert r.status_code in (201, 202) or "is already running" in r.text, r.text
-    for _ in range(360):
-        model = s.get(base + f"/hub/api/users/{user}", headers=h).json()
-        if (model.get("servers", {}).get("") or {}).get("ready"):
-            return model
-        time.sleep(0.5)
-    raise AssertionError(f"server of {user} never became ready: {model}")
-
-
-def _server_pids(user) -> list[int]:
-    """Processes that are ``user``'s single-user server (by the environment the hub gave them)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(c.endswith(b"jupyterhub-singleuser") for c in cmd) and f"JUPYTERHUB_USER={user}".encode() in env:
-            out.append(int(entry))
-    return out
-
-
-def _server_session(s, base, user) -> dict:
-    """Open ``user``'s JupyterLab (the OAuth hop to the server) and return the server's XSRF header."""
-    r = s.get(base + f"/user/{user}/lab")
-    assert r.status_code == 200, r.status_code
-    token = [c.value for c in s.cookies if c.name == "_xsrf" and c.path.startswith(f"/user/{user}")]
-    return {"X-XSRFToken": token[0]}
 
 
 @pytest.mark.slow
@@ -454,52 +244,6 @@ def test_hub_refuses_a_linux_account_not_on_the_roster(klass, hub):
     assert r.status_code == 403 and "Invalid username or password" in _page_text(r.text)
 
 
-def _as_user(klass, user, command, timeout=300):
-    """``command`` (sh) as ``user`` with the environment the hub gives that user's server."""
-    s = klass.settings()
-    runtime = Path(s.state) / "venv" / "bin"
-    libraries = {"student": klass.top / "student-lib", "instructor": s.course_root / ".library"}
-    env = hubmod.server_env(s, user, runtime, hubmod.write_server_configs(s), libraries)
-    env.update(HOME=pwd.getpwnam(user).pw_dir, USER=user)
-    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
-                           "sh", "-c", command], env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=env.get("RLHF_COURSE_ROOT", pwd.getpwnam(user).pw_dir))
-
-
-def _kernel_eval(s, base, user, h, code) -> list[str]:
-    """Run ``code`` in a new kernel of ``user``'s server over the websocket; its stdout, split."""
-    import uuid
-
-    import websocket
-
-    kid = s.post(base + f"/user/{user}/api/kernels", headers=h, json={"name": "python3"}).json()["id"]
-    try:
-        url = base.replace("http://", "ws://") + f"/user/{user}/api/kernels/{kid}/channels"
-        cookie = "; ".join(f"{c.name}={c.value}" for c in s.cookies if c.name != "_xsrf" or c.path.startswith(f"/user/{user}"))
-        ws = websocket.create_connection(url, cookie=cookie, timeout=120, header=[f"X-XSRFToken: {h['X-XSRFToken']}"])
-        msg_id = uuid.uuid4().hex
-        ws.send(json.dumps({"header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user,
-                                       "session": uuid.uuid4().hex, "version": "5.3"},
-                            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-                            "content": {"code": code, "silent": False, "store_history": False,
-                                        "user_expressions": {}, "allow_stdin": False}}))
-        out = ""
-        for _ in range(500):
-            msg = json.loads(ws.recv())
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                out += msg["content"]["text"]
-            if msg["msg_type"] == "error":
-                raise AssertionError(msg["content"])
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                break
-        ws.close()
-        return out.split()
-    finally:
-        s.delete(base + f"/user/{user}/api/kernels/{kid}", headers=h)
-
-
 @pytest.mark.slow
 def test_hub_release_fetch_submit_collect_between_real_accounts(klass, hub):
     a, b = klass.students
@@ -551,6 +295,19 @@ def test_hub_release_fetch_submit_collect_between_real_accounts(klass, hub):
     assert spy.returncode != 0 and "Permission denied" in spy.stderr
     move = _as_user(klass, b, f"mv '{entry}' '{inbound}/{b}+{assignment}+x'")
     assert move.returncode != 0 and entry.exists()
+    # ... nor read or change anything in it, though B knows its name here: the submission is A's and
+    # the instructor's only (nbgrader's own submit leaves it 0644 in a 0777 folder): no bits for other
+    # accounts, and the instructor's read is the exchange's default ACL, not a group B could be in
+    for path in [entry, *entry.rglob("*")]:
+        assert not _mode(path) & 0o007, (path, oct(_mode(path)))
+    assert os.getxattr(inbound, hubmod.DEFAULT_ACL) == hubmod.inbound_default_acl(pwd.getpwnam(klass.instructor).pw_uid)
+    notebooks = sorted(entry.glob("*.ipynb"))
+    assert notebooks
+    peek = _as_user(klass, b, f"cat '{notebooks[0]}'")
+    assert peek.returncode != 0 and "Permission denied" in peek.stderr
+    wipe = _as_user(klass, b, f"rm -f '{entry}/timestamp.txt'; echo x > '{entry}/planted.txt'")
+    assert (entry / "timestamp.txt").is_file() and not (entry / "planted.txt").exists()
+    assert "Permission denied" in wipe.stderr
     home = _as_user(klass, b, f"ls {pwd.getpwnam(a).pw_dir}")
     assert home.returncode != 0 and "Permission denied" in home.stderr
     course = _as_user(klass, b, f"ls {s.course_root}")

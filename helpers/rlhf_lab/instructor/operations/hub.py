@@ -32,7 +32,9 @@ exchange                 root        1777       nbgrader checks ``& 0o777 == 0o7
 ``<course>/outbound``    instructor  0755       students read released assignments
 ``<course>/inbound``     instructor  3733       write-only for students (no listing), setgid
                                                 as nbgrader makes it, sticky: no student
-                                                renames or deletes a classmate's submission
+                                                renames or deletes a classmate's submission;
+                                                default ACL: the instructor alone reads what is
+                                                submitted (see :data:`PRIVATE_SUBMIT`)
 ``<course>/feedback``    instructor  0711       feedback files are named by a hash of the
                                                 submission; nobody can list them
 =======================  ==========  =========  ===========================================
@@ -76,6 +78,7 @@ import secrets
 import shutil
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -300,6 +303,35 @@ def _owner_name(uid: int) -> str:
 
 # --- the exchange ------------------------------------------------------------------------------------
 
+#: the ACL entries' tags and "no id" (``<sys/acl.h>``; the xattr format of ``acl_ea.h``, version 2)
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_ACL_NO_ID = 0xFFFFFFFF
+DEFAULT_ACL = "system.posix_acl_default"
+
+
+def inbound_default_acl(instructor_uid: int) -> bytes:
+    """The default ACL of ``inbound/`` (what every submission made in it inherits), as the
+    ``system.posix_acl_default`` xattr: ``user::rwx, user:<instructor>:rwx, group::---, mask::rwx,
+    other::---``. nbgrader's submit then chmods the submission's files and folders; on a file with an
+    ACL that sets the mask, so the instructor keeps read access through their own entry and the
+    owning group (a shared ``users``, say) and every other account have none."""
+    entries = [(_ACL_USER_OBJ, 7, _ACL_NO_ID), (_ACL_USER, 7, instructor_uid), (_ACL_GROUP_OBJ, 0, _ACL_NO_ID),
+               (_ACL_MASK, 7, _ACL_NO_ID), (_ACL_OTHER, 0, _ACL_NO_ID)]
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
+
+
+def _default_acl(path: Path) -> bytes | None:
+    """``path``'s default ACL xattr; None when it has none, ``b""`` when its filesystem takes no ACL."""
+    try:
+        return os.getxattr(path, DEFAULT_ACL, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno == errno.ENODATA:
+            return None
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return b""
+        raise
+
+
 def exchange_layout(settings: Settings) -> list[tuple[Path, str, int]]:
     """``(path, owner, mode)`` of every folder of the exchange, parent first (see the module docstring)."""
     ex, course = settings.exchange, settings.exchange / settings.course_id
@@ -349,6 +381,19 @@ def exchange_problems(settings: Settings, repair: bool = False) -> tuple[list[st
             refusals.append(f"{path}: owned by {_owner_name(st.st_uid)}, must be {owner}; refusing to use it "
                             f"(whoever made it may have put files in it: inspect, remove, run `make hub-users`)")
             continue
+        acl = _default_acl(path) if path.name == "inbound" else None
+        if path.name == "inbound" and acl == b"":
+            notes.append(f"{path}: its filesystem takes no ACL: submissions stay readable by any account that "
+                         "learns their random name, as with nbgrader's own submit")
+        elif path.name == "inbound" and acl != inbound_default_acl(uid):
+            # what makes submissions private (see PRIVATE_SUBMIT): only the instructor reads them
+            if repair:
+                os.setxattr(path, DEFAULT_ACL, inbound_default_acl(uid), follow_symlinks=False)
+                notes.append(f"{path}: default ACL {'set' if acl is None else 'repaired'} "
+                             f"(submissions readable by {owner} alone)")
+            else:
+                refusals.append(f"{path}: {'no' if acl is None else 'a foreign'} default ACL; it must give "
+                                f"{owner} alone access to submissions (`make hub-users` sets it)")
         have = stat.S_IMODE(st.st_mode)
         if have != mode:
             if repair:
@@ -703,6 +748,42 @@ def secret_file(path: Path, nbytes: int = 32) -> str:
     return path.read_text().strip()
 
 
+# The students' submit: nbgrader's own leaves a submission readable by every account (files 0644,
+# folders 0755, the top 0777: "hidden from other users by the timestamp", i.e. by the random part
+# of its name). inbound/ has a default ACL (inbound_default_acl) that every submission inherits:
+# the instructor's entry, nothing for the owning group or others. This submit drops the others' bits
+# nbgrader sets, so what is left is the student (owner) and the instructor (through the ACL's mask);
+# where the exchange's filesystem has no ACL it changes nothing (the instructor could not read it).
+PRIVATE_SUBMIT = """
+import os as _os
+from nbgrader.exchange.default.submit import ExchangeSubmit as _ExchangeSubmit
+
+
+def _private_inbound(path):
+    try:
+        return bool(_os.getxattr(path, "system.posix_acl_default"))
+    except OSError:
+        return False
+
+
+class PrivateSubmit(_ExchangeSubmit):
+    \"\"\"nbgrader's submit, the submission readable by its student and the instructor only.\"\"\"
+
+    def set_perms(self, dest, fileperms, dirperms):
+        if _private_inbound(self.inbound_path):
+            fileperms, dirperms = fileperms & 0o750, (dirperms | 0o070) & 0o770
+        super().set_perms(dest, fileperms, dirperms)
+
+    def copy_files(self):
+        super().copy_files()
+        if _private_inbound(self.inbound_path):  # nbgrader ends by making the submission's folder 0777
+            _os.chmod(_os.path.join(self.inbound_path, self.assignment_filename), 0o770)
+
+
+c.ExchangeFactory.submit = PrivateSubmit
+"""
+
+
 def write_server_configs(settings: Settings) -> dict:
     """The Jupyter config folders the hub hands each server (``<state>/jupyter/{student,instructor}``);
     returns ``{role: [config dirs, highest priority first]}`` for ``JUPYTER_CONFIG_PATH``."""
@@ -716,7 +797,7 @@ def write_server_configs(settings: Settings) -> dict:
         f"c.CourseDirectory.course_id = {settings.course_id!r}\n"
         f"c.Exchange.root = {str(settings.exchange)!r}\n"
         "c.Exchange.path_includes_course = False\n"
-        "c.Authenticator.plugin_class = JupyterHubAuthPlugin\n"))
+        "c.Authenticator.plugin_class = JupyterHubAuthPlugin\n" + PRIVATE_SUBMIT))
     _write(base / "instructor" / "nbgrader_config.py", common + (
         f"load_subconfig({str(settings.course_root / 'nbgrader_config.py')!r})  # noqa: F821 (the course's, copied there)\n"
         f"c.Exchange.root = {str(settings.exchange)!r}\n"
