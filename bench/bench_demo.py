@@ -98,13 +98,13 @@ def one_demo(base: Path, label: str, workers: int, with_seeds: bool) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, default=pipeline.usable_cores())
+    ap.add_argument("--workers", type=int, default=pipeline.default_workers())
     ap.add_argument("--repeats", type=int, default=1, help="pairs of runs (order 1, N, N, 1, ...)")
     ap.add_argument("--with-seeds", action="store_true", help="start from the repository's compile-cache seeds")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "demo.md")
     args = ap.parse_args(argv)
 
-    cores = pipeline.usable_cores()
+    cores = pipeline.default_workers()
     start_load = load()
     results = {1: [], args.workers: []}
     with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:

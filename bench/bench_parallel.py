@@ -52,7 +52,7 @@ from distributed import Client  # noqa: E402
 sys.path.insert(0, str(ROOT / "tests"))  # the fixtures package
 from fixtures.classes import example_class  # noqa: E402
 from rlhf_lab.instructor.grader import compile_cache  # noqa: E402
-from rlhf_lab.instructor.classrun import parallel, pipeline  # noqa: E402
+from rlhf_lab.instructor.classrun import executors, parallel, pipeline  # noqa: E402
 
 COURSE_ID = "rlhf-ppo"
 WAYS = ("sequential", "parallel", "upstream")
@@ -100,8 +100,7 @@ def course(base: Path, name: str, examples: Path, assignment: str, size: int,
     compile_cache.ensure_seed(root, assignment)
     students = parallel.replicate_class(examples, assignment, size, root)
     env = dict(os.environ, RLHF_COURSE_ROOT=str(root), RLHF_COURSE_DB=f"sqlite:///{root}/gradebook.db")
-    subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", assignment, "--force"],
-                   cwd=root, env=env, capture_output=True, check=True)
+    pipeline.generate(root, [assignment], env["RLHF_COURSE_DB"])
     return root, students, env
 
 
@@ -124,13 +123,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=int, default=24)
     ap.add_argument("--block", type=int, default=8)
-    ap.add_argument("--workers", type=int, default=parallel.default_workers())
+    ap.add_argument("--workers", type=int, default=executors.default_workers())
     ap.add_argument("--assignment")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "parallel.md")
     args = ap.parse_args(argv)
 
     assignment = args.assignment or parallel.cheapest_assignment(ROOT, ROOT / "examples" / "submissions")
-    cores = parallel.default_workers()
+    cores = executors.default_workers()
     wall = dict.fromkeys(WAYS, 0.0)
     tasks = {w: [] for w in WAYS}
     failed = dict.fromkeys(WAYS, 0)
@@ -147,7 +146,7 @@ def main(argv=None) -> int:
               f"{args.workers} workers; load {load():.1f}", flush=True)
         start, load_start = cpu_snapshot(), load()
         t0 = time.perf_counter()
-        client = Client(parallel.make_local_cluster(args.workers))
+        client = Client(executors.make_local_cluster(args.workers))
         client.wait_for_workers(args.workers)
         cluster_start = time.perf_counter() - t0
         wall["parallel"] += cluster_start
@@ -167,7 +166,7 @@ def main(argv=None) -> int:
                             client=client if way == "parallel" else None, stream=io.StringIO(),
                             preflight=False)
                         tasks[way] += [r["seconds"] for r in run.results]
-                        failed[way] += len(run.failed)
+                        failed[way] += len(run.failures)
                     seconds = time.perf_counter() - t0
                     wall[way] += seconds
                     print(f"block {k + 1}/{len(blocks)} {way:10s} {seconds:6.1f} s  load {load():.1f}",

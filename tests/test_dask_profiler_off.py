@@ -1,4 +1,4 @@
-"""The course's Dask workers run without the statistical profiler (rlhf_lab/instructor/classrun/parallel.py).
+"""The course's Dask workers run without the statistical profiler (rlhf_lab/instructor/classrun/executors.py).
 
 Dask's worker profiler samples the frames of the running task every 10 ms; on Python 3.11 that
 sampling fails now and then with a traceback (``AttributeError: 'dict' object has no attribute
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_lab.instructor.classrun import parallel
+from rlhf_lab.instructor.classrun import executors
 
 
 def _worker_state(dask_worker):
@@ -26,7 +26,7 @@ def test_the_course_cluster_workers_have_no_profiler():
     from distributed import Client
 
     assert dask.config.get("distributed.worker.profile.enabled") is True  # Dask's default, here untouched
-    with parallel.make_local_cluster(1) as cluster, Client(cluster) as client:
+    with executors.make_local_cluster(1) as cluster, Client(cluster) as client:
         states = client.run(_worker_state)
     assert len(states) == 1
     for state in states.values():

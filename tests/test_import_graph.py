@@ -13,7 +13,8 @@ Layers, lowest first (a module may import its own layer and the ones below):
 3. ``instructor.course``: the course object every instructor layer is handed
 4. ``instructor.grader``: grading one submission, the grader's side of the sandbox
 5. ``instructor.authoring``: the source notebooks and their lint rules
-6. ``instructor.classrun``: running a class (orchestrator, executors, pipeline, records)
+6. ``instructor.classrun``: running a class (records, orchestrator, executors, pipeline, parallel; inside it
+   too a module imports only those below it, :data:`CLASSRUN_ORDER`)
 7. ``instructor.operations``: the instructor's week (exchange, LMS, roster, release, feedback, export)
 8. the front ends: ``rlhf_lab.instructor`` itself (re-exports the pipeline) and ``rlhf_lab.demo``
 
@@ -184,6 +185,36 @@ def test_every_instructor_module_has_a_layer():
     parts = {n.split(".")[2] for n in modules() if n.startswith("rlhf_lab.instructor.")}
     unplaced = parts - set(INSTRUCTOR_PARTS)
     assert not unplaced, f"place these instructor modules in a subpackage: {sorted(unplaced)}"
+
+
+#: The modules of ``instructor.classrun``, lowest first: each may import only those before it. The
+#: executors (sequential in the orchestrator, Dask beside it) sit below both front ends, the course
+#: command (``pipeline``, which owns the one ``ClassRun`` and its tables) and the fan-out's command
+#: line (``parallel``), so neither front end reaches into the other for an executor.
+CLASSRUN_ORDER = ("nbgrader_cli", "progress", "records", "orchestrator", "executors", "pipeline", "parallel")
+
+
+def test_classrun_modules_import_only_the_ones_below_them():
+    prefix = "rlhf_lab.instructor.classrun."
+    edges = graph()
+    placed = {n[len(prefix):] for n in edges if n.startswith(prefix)}
+    assert placed == set(CLASSRUN_ORDER), f"place these classrun modules in CLASSRUN_ORDER: {placed ^ set(CLASSRUN_ORDER)}"
+    bad = []
+    for i, mod in enumerate(CLASSRUN_ORDER):
+        for t in sorted(edges[prefix + mod]):
+            if t.startswith(prefix) and CLASSRUN_ORDER.index(t[len(prefix):]) > i:
+                bad.append(f"{mod} imports {t[len(prefix):]}, which sits above it")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layer_reader_sees_an_upward_import_inside_classrun(tmp_path):
+    """The order check can fail: an executor importing the pipeline is an edge it reports."""
+    known = {"rlhf_lab.instructor.classrun.executors", "rlhf_lab.instructor.classrun.pipeline"}
+    src = tmp_path / "executors.py"
+    src.write_text("def f():\n    from .pipeline import ClassRun\n", encoding="utf-8")
+    found = imports_of("rlhf_lab.instructor.classrun.executors", src, known)
+    assert found == {"rlhf_lab.instructor.classrun.pipeline"}
+    assert CLASSRUN_ORDER.index("pipeline") > CLASSRUN_ORDER.index("executors")
 
 
 def test_every_instructor_subpackage_says_what_it_owns_and_may_import():

@@ -28,9 +28,9 @@ import pytest
 
 from fixtures.classes import example_class
 from pg_support import create_database, postgres_server
-from rlhf_lab.instructor.classrun import parallel, pipeline
+from rlhf_lab.instructor.classrun import executors, parallel, pipeline
 from rlhf_lab.instructor.classrun.parallel import (
-    ParallelGradingError, Progress, cheapest_assignment, grade_class, replicate_class,
+    ParallelGradingError, cheapest_assignment, grade_class, replicate_class,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,20 +188,68 @@ def test_sqlite_workers_get_a_busy_timeout_and_postgres_the_pinned_driver():
     assert parallel.db_identity("sqlite:////x/g.db?timeout=7") == "sqlite:////x/g.db"
 
 
-def test_progress_reports_counts_and_an_eta_from_measured_throughput():
+def test_progress_line_reports_the_student_the_counts_and_the_time_left():
+    line = parallel.progress_line({"student": "b", "status": "failed", "seconds": 3.04}, 1, 1, 10,
+                                  "about 2 min 00 s left")
+    assert line == "  failed b 3.0 s | 2/10 done: graded 1, failed 1, remaining 8; about 2 min 00 s left"
+    assert parallel.progress_line({"student": "a", "status": "graded", "seconds": 12.0}, 1, 0, 1) == \
+        "  graded a 12.0 s | 1/1 done: graded 1, failed 0, remaining 0"
+
+
+def test_the_phase_of_a_fan_out_writes_one_line_per_student_and_its_time_left(monkeypatch):
+    """grade_class's progress is the project's progress phase: announced, a line per student, closed."""
     import io
 
-    now = [100.0]
     out = io.StringIO()
-    prog = Progress(10, out, clock=lambda: now[0])
-    assert "ETA --" in prog.line()
-    now[0] = 130.0  # 30 s later: 2 finished (one failed) -> 15 s each -> 8 left = 120 s
-    prog.update({"student": "a", "status": "graded", "seconds": 12.0})
-    prog.update({"student": "b", "status": "failed", "seconds": 3.0})
-    last = out.getvalue().splitlines()[-1]
-    assert "2/10" in last and "graded 1" in last and "failed 1" in last and "remaining 8" in last
-    assert "ETA 2m00s" in last, last
-    assert len(out.getvalue().splitlines()) == 2  # not a terminal: one plain line per update
+
+    def fake_grade_assignment(course, assignment, todo, executor, **kw):
+        for student, status in zip(todo, ("graded", "failed")):
+            kw["on_result"]({"student": student, "status": status, "seconds": 1.0})
+        return "done"
+
+    monkeypatch.setattr(parallel, "grade_assignment", fake_grade_assignment)
+    got = parallel._graded_with_progress(None, "a1", ["s1", "s2"], None, timeout=1.0, preflight=False,
+                                         stream=out, workers=2, on_result=None)
+    lines = out.getvalue().splitlines()
+    assert got == "done"
+    assert lines[0] == "-> autograde: 2 students, 2 at a time (one nbgrader autograde per student of a1)"
+    assert lines[1].startswith("  graded s1 1.0 s | 1/2 done: graded 1, failed 0, remaining 1; about ")
+    assert lines[2] == "  failed s2 1.0 s | 2/2 done: graded 1, failed 1, remaining 0; about 0 s left"
+    assert lines[3].startswith("   autograde: done in ") and len(lines) == 4
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()  # not a terminal: no bar
+
+
+def test_the_fan_out_has_no_front_end_of_its_own():
+    """One ClassRun, one table formatter, one progress module: the fan-out's are the course's."""
+    assert parallel.ClassRun is pipeline.ClassRun
+    for name in ("Progress", "format_table", "_fmt_duration", "make_local_cluster", "DaskExecutor"):
+        assert getattr(parallel, name, None) in (None, getattr(executors, name, None)), name
+    assert not hasattr(pipeline, "usable_cores") and pipeline.ClassExecutor is executors.ClassExecutor
+
+
+def test_the_run_table_lists_every_student_then_a_summary():
+    results = [
+        {"student": "ben", "assignment": "a1", "status": "failed", "seconds": 3.0, "returncode": 1, "attempt": 1,
+         "reason": "the kernel died"},
+        {"student": "ada", "assignment": "a1", "status": "graded", "seconds": 12.25, "returncode": 0, "attempt": 2,
+         "reason": "", "score": 3.0, "max_score": 3.0},
+    ]
+    run = pipeline.ClassRun("/c", "sqlite:////c/gradebook.db?timeout=300", ["a1"],
+                            [parallel.to_student_run(r) for r in results], mode="parallel", workers=2,
+                            results=results, skipped={"cy": (1.0, 3.0)}, wall_seconds=90.0, sqlite_check="ok")
+    assert pipeline.format_runs(run).splitlines() == [
+        "student  status   score  time   try  reason",
+        "-------  -------  -----  -----  ---  " + "-" * len("regraded (attempt 2) after an interrupted attempt"),
+        "ada      graded   3/3    12.2s  2    regraded (attempt 2) after an interrupted attempt",
+        "ben      failed   -      3.0s   1    the kernel died",
+        "cy       skipped  1/3    -      -    already graded (use --force to regrade)",
+        "",
+        "a1: 1 graded, 1 failed, 1 skipped in 1 min 30 s (parallel, 2 workers, 1.3 students/min); "
+        "gradebook sqlite:////c/gradebook.db; SQLite integrity_check: ok",
+    ]
+    assert run.to_json() == {"assignment": "a1", "mode": "parallel", "workers": 2, "db": "sqlite:////c/gradebook.db",
+                             "results": results, "skipped": {"cy": (1.0, 3.0)}, "wall_seconds": 90.0,
+                             "integrity": "ok", "students_per_minute": 2 / 90 * 60}
 
 
 def test_parallel_sqlite_is_refused_when_a_worker_runs_on_another_machine():
@@ -210,8 +258,8 @@ def test_parallel_sqlite_is_refused_when_a_worker_runs_on_another_machine():
             return {"tcp://10.0.0.5:1": "other-machine", "tcp://127.0.0.1:2": fn()}
 
     with pytest.raises(ParallelGradingError, match="postgresql"):
-        parallel._check_sqlite_hosts(FakeClient(), "sqlite:////x/gradebook.db?timeout=300")
-    parallel._check_sqlite_hosts(FakeClient(), "postgresql+psycopg2://u@h/db")  # fine
+        executors.check_sqlite_hosts(FakeClient(), "sqlite:////x/gradebook.db?timeout=300")
+    executors.check_sqlite_hosts(FakeClient(), "postgresql+psycopg2://u@h/db")  # fine
 
 
 def test_a_student_counts_as_graded_only_after_a_finished_run_of_this_submission(tmp_path):
@@ -251,7 +299,8 @@ def test_dask_grader_plugs_into_the_sequential_pipeline(monkeypatch):
         seen.update(kw, assignment=assignment)
         result = {"student": "s1", "assignment": assignment, "status": "failed", "seconds": 1.5,
                   "returncode": 1, "reason": "the kernel died", "notes": ["n"], "log_tail": "t"}
-        return parallel.ClassRun(assignment, "parallel", 2, "db", [result], {}, 1.5)
+        return pipeline.ClassRun("/course", kw["db_url"], [assignment], [parallel.to_student_run(result)],
+                                 mode="parallel", workers=2, results=[result], wall_seconds=1.5)
 
     monkeypatch.setattr(parallel, "grade_class", fake_grade_class)
     runs = parallel.dask_grader(workers=3)("a1", ["s1"], "/course", "sqlite:///g.db", False)
@@ -350,7 +399,7 @@ def test_crash_mid_run_then_rerun_grades_only_the_rest_and_hostile_ones_fail_alo
     # 2. the same command again, this time on an existing cluster (--scheduler): only what is
     #    missing is graded
     out = tmp_path / "second.json"
-    with parallel.make_local_cluster(2) as cluster:
+    with executors.make_local_cluster(2) as cluster:
         second = subprocess.run(cli + ["--scheduler", cluster.scheduler_address, "--json", str(out)],
                                 cwd=root, env=env, capture_output=True, text=True)
     report = json.loads(out.read_text())
@@ -365,7 +414,7 @@ def test_crash_mid_run_then_rerun_grades_only_the_rest_and_hostile_ones_fail_alo
     for r in report["results"]:
         if r["student"] in interrupted:
             assert r["attempt"] == 2, r
-    assert "graded" in second.stdout and "ETA" in second.stderr
+    assert "graded" in second.stdout and "remaining" in second.stderr and " left" in second.stderr
     # the parallel command ran the same integrity pre-flight as the sequential pipeline
     preflight = json.loads((root / "integrity" / f"{TOY}.json").read_text())
     assert set(preflight["students"]) <= set(students) and preflight["students"]
@@ -537,8 +586,8 @@ def test_parallel_on_sqlite_gives_the_sequential_grades_even_when_a_worker_is_ki
     assert {s for s, r in by_student.items() if r["status"] == "graded"} == klass["graded"]
     assert cell_grades(url, a) == klass["baseline"]
     assert totals(url, a) == klass["totals"]
-    assert run.integrity == "ok" and parallel.sqlite_integrity(url) == "ok"
-    assert run.workers == parallel.default_workers()
+    assert run.sqlite_check == "ok" and parallel.sqlite_integrity(url) == "ok"
+    assert run.workers == executors.default_workers()
     print(f"\n[class] parallel on SQLite ({run.workers} workers, one killed): "
           f"{run.wall_seconds:.0f} s for {len(run.results)} students")
 
@@ -561,7 +610,7 @@ def test_parallel_on_postgresql_gives_the_sequential_grades(klass, tmp_path):
         report = json.loads(out.read_text())
         failed = {r["student"] for r in report["results"] if r["status"] == "failed"}
         assert proc.returncode == (1 if failed else 0), proc.stdout + proc.stderr
-        assert report["workers"] == parallel.default_workers()
+        assert report["workers"] == executors.default_workers()
         assert {r["student"] for r in report["results"]} - failed == klass["graded"]
         assert cell_grades(psycopg2_url(url), a) == klass["baseline"]
         assert totals(psycopg2_url(url), a) == klass["totals"]

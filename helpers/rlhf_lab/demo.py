@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     parser.add_argument("--roster", type=Path, help="roster CSV to import (default examples/roster.csv)")
     parser.add_argument("--workers", type=int, default=None,
                         help=f"grading processes at a time (default: the usable cores, here "
-                             f"{pipeline.usable_cores()}; 1: one student after another)")
+                             f"{pipeline.default_workers()}; 1: one student after another)")
     parser.add_argument("--progress", action="store_true", default=None,
                         help="draw the progress bars on stderr even when it is not a terminal")
     parser.add_argument("--resume", action="store_true",
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     if args.workers is not None and args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)
         return 2
-    workers = args.workers or pipeline.usable_cores()
+    workers = args.workers or pipeline.default_workers()
 
     from .instructor.operations import exchange, roster
 

@@ -3,7 +3,7 @@
 The course's sequential loop and its Dask run are the same orchestrator (otter-grader's design:
 one ``grade_submission`` and a pool): :func:`grade_assignment` runs the integrity pre-flight,
 hands the students it leaves to an executor, and applies the pre-flight's withheld points
-afterwards. :class:`SequentialExecutor` is a pool of one; :class:`.parallel.DaskExecutor` is a
+afterwards. :class:`SequentialExecutor` is a pool of one; :class:`.executors.DaskExecutor` is a
 pool of N. Each task is one real ``nbgrader autograde ASSIGNMENT --student ID --force`` process
 in the course root (its own process group, killed on the per-student time limit), so a bad
 submission fails alone, with a reason, and the others are graded; its attempt is kept in the run
@@ -300,25 +300,49 @@ def grade_with_one_retry(spec: TaskSpec, student: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------- executors
-class SequentialExecutor:
+class Executor:
+    """What every pool offers: ``run_many(tasks, on_result)`` of ``(spec, student)`` tasks, ``run`` of
+    one assignment's students, ``describe`` (a line for the person, may be empty), and ``close``
+    (also on leaving ``with``) for what the pool started. ``workers`` and ``mode`` say what it is."""
+
+    workers = 1
+    mode = "sequential"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self) -> None:
+        """Release what the pool started (nothing here)."""
+
+    def describe(self, spec: TaskSpec, n: int) -> str:
+        return ""
+
+    def run(self, spec: TaskSpec, students: Sequence[str],
+            on_result: Callable[[dict], None] | None = None) -> list[dict]:
+        """The students of one assignment: :meth:`run_many` of ``(spec, student)`` each."""
+        return self.run_many([(spec, student) for student in students], on_result)
+
+    def run_many(self, tasks: Sequence[tuple[TaskSpec, str]],
+                 on_result: Callable[[dict], None] | None = None) -> list[dict]:
+        raise NotImplementedError
+
+
+class SequentialExecutor(Executor):
     """A pool of one: the students one after another in this process's children.
 
     With ``judge_server`` (default: unless ``RLHF_JUDGE_SERVER=0``) one judge server runs in this
     process for the whole :meth:`run` (or :meth:`run_many`) and every student's nbgrader process
     judges there."""
 
-    workers = 1
-    mode = "sequential"
-
     def __init__(self, judge_server: bool | None = None):
         self.judge_server = judge_server
 
     def describe(self, spec: TaskSpec, n: int) -> str:
         return f"grading {n} student(s) of {spec.assignment} sequentially"
-
-    def run(self, spec: TaskSpec, students: Sequence[str],
-            on_result: Callable[[dict], None] | None = None) -> list[dict]:
-        return self.run_many([(spec, student) for student in students], on_result)
 
     def run_many(self, tasks: Sequence[tuple[TaskSpec, str]],
                  on_result: Callable[[dict], None] | None = None) -> list[dict]:
@@ -350,11 +374,11 @@ def ensure_release(course: Course, assignment: str) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="rlhf-release-db-") as scratch:
         db = "sqlite:///" + os.path.join(scratch, "gradebook.db")
-        cmd = nbgrader_command() + ["generate_assignment", assignment, "--force", f"--CourseDirectory.db_url={db}"]
-        proc = subprocess.run(cmd, cwd=course.root, env=course.env(db), capture_output=True, text=True)
-    if proc.returncode != 0 or not release.is_dir():
+        run = course.run_nbgrader(["generate_assignment", assignment, "--force", f"--CourseDirectory.db_url={db}"],
+                                  db_url=db)
+    if not run.ok or not release.is_dir():
         raise CourseError(f"release/{assignment} is missing and generating it from {course.source_directory}/ "
-                          f"failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+                          f"failed:\n{run.output[-4000:]}")
 
 
 def ensure_compile_cache(course: Course, assignments: Iterable[str], stream: TextIO | None = None) -> None:

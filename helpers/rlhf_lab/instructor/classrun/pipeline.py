@@ -13,7 +13,9 @@ alone and is recorded with a reason while the rest of the class is graded.
 Layers: :mod:`.course` (the :class:`~.course.Course` object: root, gradebook, nbgrader's layout
 and command) < :mod:`.records` (which runs finished: resume) < :mod:`.integrity` (the pre-flight
 of the submitted files) < :mod:`.orchestrator` (the one grading path: ``grade_submission`` per
-student, run by an executor of any size) < this module and :mod:`.parallel` (the Dask executor).
+student, run by an executor of any size; the sequential executor) < :mod:`.executors` (the Dask
+executor and the class pool) < this module (the course command, the one :class:`ClassRun` and
+its tables) < :mod:`.parallel` (the command line of one assignment's fan-out).
 :func:`run_class` builds the course object once and passes it down; the functions below also
 accept a root for callers that only have one (``root=None`` -> :func:`course_root`, and
 ``db_url=None`` -> the config's default, SQLite ``<root>/gradebook.db``):
@@ -28,6 +30,8 @@ accept a root for callers that only have one (``root=None`` -> :func:`course_roo
 ``export_csv(path)``       ``nbgrader export`` -> CSV, one row per student and graded assignment
 ``read_grades()``          the gradebook as :class:`Grades` (per assignment and per test cell)
 ``format_tables(grades)``  the two text tables printed by ``make demo``
+``format_runs(run)``       the per-student table of a run (status, score, time, try, reason)
+``copy_course(dest)``      the course (config, source, release, examples, seeds) copied, no outputs
 ``run_class(subs_dir)``    all of the above in order -> :class:`ClassRun` (+ JSON report)
 =========================  ===================================================================
 """
@@ -45,18 +49,20 @@ from typing import Iterable, Sequence
 from . import records
 from ..course import (  # noqa: F401  (re-exported: the pipeline's names since the start)
     COURSE_ID, DEFAULT_STUDENT_TIMEOUT, REPO_ROOT, CommandRun, Course, PipelineError, as_course, assignments,
-    check_config, course_root, default_db_url, ensure_venv_on_path, graded_assignments, is_grade_cell,
-    nbgrader_command, nbgrader_env, notebooks, run_nbgrader, submitted_students, venv_bin,
+    check_config, course_root, db_identity, default_db_url, ensure_venv_on_path, graded_assignments,
+    is_grade_cell, nbgrader_command, nbgrader_env, notebooks, run_nbgrader, submitted_students, venv_bin,
 )
 from ..course import kill_group as _kill_group  # noqa: F401
 from ..course import log_lines as _log_lines  # noqa: F401
 from .orchestrator import (  # noqa: F401
-    SequentialExecutor, StudentRun, grade_assignment, grade_assignments, grade_with_one_retry, make_spec,
+    Executor, SequentialExecutor, StudentRun, grade_assignment, grade_assignments, grade_with_one_retry, make_spec,
     to_student_run,
 )
 from .orchestrator import NOTE_PATTERNS as _NOTE_PATTERNS  # noqa: F401
 from .orchestrator import cell_timeouts as _cell_timeouts  # noqa: F401
 from .orchestrator import command_reason as _reason  # noqa: F401
+from .executors import ClassExecutor, default_workers  # noqa: F401  (the class pool; the cores usable here)
+from .progress import fmt_seconds
 
 REPORT_NAME = "grading_report.json"
 #: Outputs of the pipeline inside the course root (all gitignored; ``autograded/.gitkeep`` stays).
@@ -616,7 +622,7 @@ def format_tables(grades: Grades, runs: Sequence[StudentRun] = (), reasons: dict
         else:
             auto_col, hand_col, pend_col, total_col = "-", "-", "-", "-"
         rows.append([sid, a, auto_col, hand_col, pend_col, total_col, "; ".join(why.get((sid, a), []))])
-    lines += _table(header, rows)
+    lines += table(header, rows)
     students = sorted({s for (s, _) in pairs})
     for a in names:
         lay = [x for x in grades.layout[a] if x[2] != "task"]
@@ -634,7 +640,7 @@ def format_tables(grades: Grades, runs: Sequence[StudentRun] = (), reasons: dict
                 c = by[s].get(gid)
                 row.append("-" if c is None else _fmt(c.score))
             rows.append(row)
-        lines += _table(header, rows)
+        lines += table(header, rows)
         legend = [f"{short[s]} = {s}" for s in subs if short[s] != s]
         if legend:
             lines += ["", "columns: " + ", ".join(legend)]
@@ -647,34 +653,100 @@ def _short_names(students: Sequence[str]) -> dict:
     return {s: (h if h and heads.count(h) == 1 else s) for s, h in zip(students, heads)}
 
 
-def _table(header: list, rows: list) -> list[str]:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
+def table(header: Sequence, rows: Sequence[Sequence]) -> list[str]:
+    """The lines of a plain-text table: the header, a rule of dashes, one line per row.
+
+    Every column is as wide as its longest cell, columns are two spaces apart and trailing spaces
+    are dropped. The course's one table formatter: the grade tables (:func:`format_tables`) and
+    the table of a run (:func:`format_runs`) are both made with it."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(str(h)) for h in header]
     fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
     return [fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+
+
+def run_rows(run: "ClassRun") -> list[list[str]]:
+    """Per student of a run, sorted: student, status, score / max, time, attempt, reason.
+
+    ``run.results`` gives the graded and failed students (a student graded on a second attempt
+    says so), ``run.skipped`` those graded before (their score, if the gradebook has it)."""
+    rows = []
+    for r in run.results:
+        score = f"{r['score']:g}/{r['max_score']:g}" if r.get("score") is not None else "-"
+        reason = r.get("reason") or ""
+        if r["status"] == "graded" and (r.get("attempt") or 1) > 1:
+            reason = f"regraded (attempt {r['attempt']}) after an interrupted attempt"
+        rows.append([r["student"], r["status"], score, f"{r['seconds']:.1f}s", str(r.get("attempt") or "-"), reason])
+    for student, score in run.skipped.items():
+        rows.append([student, "skipped", f"{score[0]:g}/{score[1]:g}" if score else "-", "-", "-",
+                     "already graded (use --force to regrade)"])
+    return sorted(rows, key=lambda row: row[0])
+
+
+def run_summary(run: "ClassRun") -> str:
+    """One line: graded, failed and skipped counts, the time, the pool, the rate, the gradebook."""
+    a = ", ".join(run.assignments)
+    return (f"{a}: {len(run.graded)} graded, {len(run.failures)} failed, {len(run.skipped)} skipped in "
+            f"{fmt_seconds(run.wall_seconds)} ({run.mode}, {run.workers} worker{'s' if run.workers != 1 else ''}, "
+            f"{run.per_minute():.1f} students/min); gradebook {db_identity(run.db_url)}"
+            + (f"; SQLite integrity_check: {run.sqlite_check}" if run.sqlite_check else ""))
+
+
+def format_runs(run: "ClassRun") -> str:
+    """The table of a run (:func:`run_rows`, made by :func:`table`), then its summary line."""
+    header = ["student", "status", "score", "time", "try", "reason"]
+    return "\n".join(table(header, run_rows(run)) + ["", run_summary(run)])
 
 
 # --------------------------------------------------------------------------------------- the class
 @dataclasses.dataclass
 class ClassRun:
-    """The result of :func:`run_class`: every step's outcome, plus the gradebook read back."""
+    """The outcome of a class run: the course's one result type, whoever graded the class.
+
+    :func:`run_class` (the course command and ``make demo``) fills every field: each step's
+    outcome, plus the gradebook read back (:meth:`report` is ``grading_report.json``).
+    :func:`.parallel.grade_class` (one assignment fanned out) fills the grading part: ``runs``,
+    ``results`` (the tasks' result dicts, with ``attempt``, ``host`` and the gradebook's ``score``),
+    ``skipped``, ``mode``, ``wall_seconds`` and ``sqlite_check`` (:meth:`to_json` is its ``--json``;
+    :func:`format_runs` its table).
+    """
 
     root: Path
     db_url: str
     assignments: list
-    collected: CollectResult
-    runs: list  # [StudentRun]
-    feedback: dict  # {assignment: {student: [paths]}}
-    csv_path: Path
-    grades: Grades
-    seconds: dict  # step -> wall seconds
+    runs: list  # [StudentRun], one per (student, assignment) graded in this run
+    collected: CollectResult = dataclasses.field(default_factory=lambda: CollectResult([], {}))
+    feedback: dict = dataclasses.field(default_factory=dict)  # {assignment: {student: [paths]}}
+    csv_path: Path | None = None
+    grades: Grades | None = None
+    seconds: dict = dataclasses.field(default_factory=dict)  # step -> wall seconds
     integrity: dict = dataclasses.field(default_factory=dict)  # [trust] {assignment: IntegrityReport}
     feedback_leaks: dict = dataclasses.field(default_factory=dict)  # [trust] {page: [lines]}, pages removed
     workers: int = 1  # the pool that graded the class
     seeds: dict = dataclasses.field(default_factory=dict)  # {assignment: {rebuilt, seconds, entries, problem}}
+    mode: str = "sequential"  # 'sequential' | 'parallel'
+    results: list = dataclasses.field(default_factory=list)  # [dict] (orchestrator.grade_submission), when kept
+    skipped: dict = dataclasses.field(default_factory=dict)  # already graded: {student: (score, max) or None}
+    wall_seconds: float = 0.0  # the grading's wall time
+    sqlite_check: str | None = None  # SQLite ``PRAGMA integrity_check`` after the run ('ok' when sound)
 
     @property
     def failures(self) -> list:
         return [r for r in self.runs if not r.ok]
+
+    @property
+    def graded(self) -> list:
+        return [r for r in self.runs if r.ok]
+
+    def per_minute(self) -> float:
+        """Students finished (graded or failed) per minute of grading wall time."""
+        return len(self.runs) / self.wall_seconds * 60 if self.wall_seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        """One assignment's fan-out as ``--json`` of :mod:`.parallel` writes it."""
+        return {"assignment": self.assignments[0] if len(self.assignments) == 1 else self.assignments,
+                "mode": self.mode, "workers": self.workers, "db": db_identity(self.db_url),
+                "results": self.results, "skipped": self.skipped, "wall_seconds": self.wall_seconds,
+                "integrity": self.sqlite_check, "students_per_minute": self.per_minute()}
 
     def reasons(self) -> dict:
         """``{(student, assignment): [text]}``: what went wrong or was done to each submission, for
@@ -845,7 +917,7 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
 
     ``workers`` (without ``grader``) grades the whole class as one pool of that size
     (:func:`.orchestrator.grade_assignments`: every assignment's pre-flight, then every
-    (assignment, student) task, costliest first, on :class:`ClassExecutor`: the sequential
+    (assignment, student) task, costliest first, on :class:`.executors.ClassExecutor`: the sequential
     executor for 1, a Dask LocalCluster of N for more), builds missing compile-cache seeds and
     writes feedback N at a time; the grades are the same as with one. ``None``: the sequential
     loop, one assignment after another. ``reporter`` (:class:`.progress.Reporter`) announces each
@@ -944,9 +1016,10 @@ def run_class(submissions_dir: str | os.PathLike, root=None, db_url: str | None 
     seconds["export"] = time.perf_counter() - t
 
     grades = read_grades(root, db_url)
-    result = ClassRun(root, db_url, names, collected, runs, fb, csv_path, grades,
-                      {k: round(v, 3) for k, v in seconds.items()}, integrity=integrity_reports,
-                      feedback_leaks=leaks, workers=n_workers,
+    result = ClassRun(root, db_url, names, runs, collected=collected, feedback=fb, csv_path=csv_path,
+                      grades=grades, seconds={k: round(v, 3) for k, v in seconds.items()}, integrity=integrity_reports,
+                      feedback_leaks=leaks, workers=n_workers, mode="parallel" if n_workers > 1 else "sequential",
+                      wall_seconds=seconds["autograde"],
                       seeds={a: {"rebuilt": r.rebuilt, "seconds": round(r.seconds, 3), "entries": r.entries,
                                  "problem": r.problem} for a, r in seeds.items()})
     (root / REPORT_NAME).write_text(json.dumps(result.report(), indent=1, sort_keys=True) + "\n")
@@ -968,16 +1041,9 @@ PRIOR_SECONDS = {
 PARALLEL_EFFICIENCY = 0.64
 
 
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def parallel_speed(workers: int) -> float:
     """The expected speed-up of ``workers`` processes on this machine's cores (1 for one)."""
-    n = min(max(1, int(workers)), usable_cores())
+    n = min(max(1, int(workers)), default_workers())
     return 1.0 + PARALLEL_EFFICIENCY * (n - 1)
 
 
@@ -1119,107 +1185,8 @@ class SeedBuild:
         return {a: self.results[a] for a in self.names}
 
 
-# ------------------------------------------------------------------------------- the class pool
-class ClassExecutor:
-    """A pool of ``workers`` for a whole class run (:func:`.orchestrator.grade_assignments`).
-
-    One worker: :class:`.orchestrator.SequentialExecutor` (one judge server in this process for
-    every assignment). More: one Dask LocalCluster of that many processes for the whole run
-    (:func:`.parallel.make_local_cluster`: one thread each, a worker that dies restarted, a student
-    whose worker died twice failed alone), every ``(assignment, student)`` task a
-    :func:`.orchestrator.grade_submission` retried once on a transient gradebook error, each
-    worker's judge server kept for the whole run and stopped at its end. Used as a context manager:
-    the cluster is shut down on leaving it.
-    """
-
-    def __init__(self, workers: int = 1):
-        self.workers = max(1, int(workers))
-        self.mode = "sequential" if self.workers == 1 else "parallel"
-        self._cluster = self._client = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def close(self) -> None:
-        client, cluster, self._client, self._cluster = self._client, self._cluster, None, None
-        if client is not None:
-            client.close()
-        if cluster is not None:
-            cluster.close()
-
-    def describe(self, spec, n: int) -> str:
-        return f"grading {n} student(s) of {spec.assignment} on {self.workers} worker(s)"
-
-    def run(self, spec, students, on_result=None) -> list:
-        return self.run_many([(spec, s) for s in students], on_result)
-
-    def run_many(self, tasks, on_result=None) -> list:
-        tasks = list(tasks)
-        if self.workers == 1 or len(tasks) <= 1:
-            return SequentialExecutor().run_many(tasks, on_result)
-        return self._run_dask(tasks, on_result)
-
-    def _run_dask(self, tasks: list, on_result) -> list:
-        import hashlib
-
-        from distributed import Client, as_completed
-
-        from ..grader import judge_server
-        from . import parallel
-        from .orchestrator import grade_submission
-
-        serve = judge_server.enabled()
-        tasks = [(dataclasses.replace(spec, judge_server=serve), s) for spec, s in tasks]
-        # the gradebook is initialised here, once, before any worker writes to it (parallel.py)
-        by_assignment: dict = {}
-        for spec, s in tasks:
-            by_assignment.setdefault(spec.assignment, (spec, []))[1].append(s)
-        for spec, who in by_assignment.values():
-            parallel.prepare_gradebook(spec.course, spec.assignment, who, spec.db_url)
-        if self._client is None:
-            import warnings
-
-            with warnings.catch_warnings():
-                # the scheduler's HTTP endpoint moves to a free port when 8787 is taken (another
-                # cluster on this machine): distributed says so with a warning meant for developers
-                warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
-                self._cluster = parallel.make_local_cluster(min(self.workers, len(tasks)))
-            self._client = Client(self._cluster)
-        client = self._client
-        started = time.monotonic()
-        keys = [f"autograde-{spec.assignment}-{i}-{hashlib.sha1(s.encode()).hexdigest()[:10]}-{time.time_ns()}"
-                for i, (spec, s) in enumerate(tasks)]
-        futures = client.map(grade_submission, [spec for spec, _ in tasks], [s for _, s in tasks], key=keys,
-                             retries=1, pure=False)
-        task_of = {f.key: t for f, t in zip(futures, tasks)}
-        results = []
-        try:
-            for fut in as_completed(futures):
-                spec, student = task_of[fut.key]
-                try:
-                    result = fut.result()
-                except Exception as exc:  # KilledWorker, TransientGradebookError after the retry, ...
-                    result = parallel._result_from_exception(spec.assignment, student, exc, started)
-                results.append(result)
-                if on_result is not None:
-                    on_result(result)
-        except BaseException:
-            client.cancel(futures, force=True)
-            raise
-        finally:
-            if serve:
-                try:
-                    client.run(judge_server.stop_shared)
-                except Exception:  # noqa: BLE001 - a worker that is gone took its server with it
-                    pass
-        return results
-
-
-class _GraderExecutor:
+# ----------------------------------------------------------------------- a grader as an executor
+class _GraderExecutor(Executor):
     """A ``grader(assignment, students, root, db_url, force)`` callable used as an executor."""
 
     mode = "grader"
