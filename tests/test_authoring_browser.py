@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ import pytest
 from browser_support import ARTIFACTS, REPO, chromium_page, jupyter_lab, require_chromium, wait_for_kernel_idle
 
 from rlhf_lab.instructor import authoring
+from rlhf_lab.instructor.classrun import pipeline
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -74,14 +74,8 @@ FIND_CELL_WIDGET_JS = """(gid) => {
 
 
 def _copy_course(dest: Path) -> Path:
-    dest.mkdir()
-    for name in COPIED:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-        else:
-            shutil.copy2(src, dest / name)
-    return dest
+    """The parts of the course the authoring view needs, copied by the course's one course copy."""
+    return pipeline.copy_course(dest, REPO, include=COPIED)
 
 
 def _server_env(course: Path, tmp: Path) -> dict:

@@ -203,19 +203,23 @@ def test_the_phase_of_a_fan_out_writes_one_line_per_student_and_its_time_left(mo
     out = io.StringIO()
 
     def fake_grade_assignment(course, assignment, todo, executor, **kw):
+        kw["stream"].write("a line of the pre-flight\n")  # what the layers below say goes out as a line too
         for student, status in zip(todo, ("graded", "failed")):
             kw["on_result"]({"student": student, "status": status, "seconds": 1.0})
         return "done"
 
     monkeypatch.setattr(parallel, "grade_assignment", fake_grade_assignment)
+    from rlhf_lab.instructor.classrun import progress
+
     got = parallel._graded_with_progress(None, "a1", ["s1", "s2"], None, timeout=1.0, preflight=False,
-                                         stream=out, workers=2, on_result=None)
+                                         reporter=progress.Reporter(out=out, err=out), workers=2, on_result=None)
     lines = out.getvalue().splitlines()
     assert got == "done"
     assert lines[0] == "-> autograde: 2 students, 2 at a time (one nbgrader autograde per student of a1)"
-    assert lines[1].startswith("  graded s1 1.0 s | 1/2 done: graded 1, failed 0, remaining 1; about ")
-    assert lines[2] == "  failed s2 1.0 s | 2/2 done: graded 1, failed 1, remaining 0; about 0 s left"
-    assert lines[3].startswith("   autograde: done in ") and len(lines) == 4
+    assert lines[1] == "a line of the pre-flight"
+    assert lines[2].startswith("  graded s1 1.0 s | 1/2 done: graded 1, failed 0, remaining 1; about ")
+    assert lines[3] == "  failed s2 1.0 s | 2/2 done: graded 1, failed 1, remaining 0; about 0 s left"
+    assert lines[4].startswith("   autograde: done in ") and len(lines) == 5
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()  # not a terminal: no bar
 
 

@@ -162,11 +162,10 @@ def progress_line(result: dict, graded: int, failed: int, total: int, left: str 
 
 
 def _graded_with_progress(course: Course, assignment: str, todo: list[str], executor, *, timeout: float,
-                          preflight: bool, stream: TextIO, workers: int,
+                          preflight: bool, reporter: progress.Reporter, workers: int,
                           on_result: Callable[[dict], None] | None):
-    """:func:`~.orchestrator.grade_assignment` inside one :mod:`.progress` phase: a line per student on
-    ``stream`` (and a bar there when it is a terminal)."""
-    reporter = progress.Reporter(out=stream, err=stream)
+    """:func:`~.orchestrator.grade_assignment` inside one :mod:`.progress` phase of ``reporter``: a line
+    per student (and a bar when its stream is a terminal)."""
     tally = {"graded": 0, "failed": 0}
     with reporter.phase("autograde", len(todo), unit="student", workers=workers,
                         what=f"one nbgrader autograde per student of {assignment}") as phase:
@@ -178,7 +177,7 @@ def _graded_with_progress(course: Course, assignment: str, todo: list[str], exec
                 on_result(result)
 
         return grade_assignment(course, assignment, todo, executor, timeout=timeout, preflight=preflight,
-                                stream=stream, on_result=arrived)
+                                stream=progress.LineStream(reporter), on_result=arrived)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,14 +238,16 @@ def grade_class(assignment: str, *, root: str | os.PathLike | None = None, db_ur
     started = time.monotonic()
     if compile_cache and todo:
         ensure_compile_cache(course, [assignment], stream)
-    executor = SequentialExecutor() if sequential else DaskExecutor(client=client, scheduler=scheduler,
-                                                                   workers=workers, stream=stream)
+    # one reporter on ``stream`` for the phase's lines and bar, and what the executor says meanwhile
+    reporter = progress.Reporter(out=stream, err=stream)
+    executor = SequentialExecutor() if sequential else DaskExecutor(
+        client=client, scheduler=scheduler, workers=workers, stream=progress.LineStream(reporter))
     report, results = None, []
     if todo:
         try:
             with executor:
                 done = _graded_with_progress(
-                    course, assignment, todo, executor, timeout=timeout, preflight=preflight, stream=stream,
+                    course, assignment, todo, executor, timeout=timeout, preflight=preflight, reporter=reporter,
                     workers=1 if sequential or scheduler or client else (workers or default_workers()),
                     on_result=on_result)
         except ParallelGradingError:

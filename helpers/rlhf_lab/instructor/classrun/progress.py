@@ -215,6 +215,22 @@ class Reporter:
                 self.write(f"   {name}: done in {fmt_seconds(seconds)}")
 
 
+class LineStream:
+    """A file-like view of a :class:`Reporter` for code that writes to a stream: each line written
+    goes out through :meth:`Reporter.write` (above the bar, when one is drawn)."""
+
+    def __init__(self, reporter: Reporter):
+        self.reporter = reporter
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            self.reporter.write(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
 class NullReporter(Reporter):
     """Says nothing and draws nothing (the library's default)."""
 
