@@ -198,7 +198,7 @@ def test_classrun_modules_import_only_the_ones_below_them():
     prefix = "rlhf_lab.instructor.classrun."
     edges = graph()
     placed = {n[len(prefix):] for n in edges if n.startswith(prefix)}
-    assert placed == set(CLASSRUN_ORDER), f"place these classrun modules in CLASSRUN_ORDER: {placed ^ set(CLASSRUN_ORDER)}"
+    assert placed == set(CLASSRUN_ORDER), f"place in CLASSRUN_ORDER: {sorted(placed ^ set(CLASSRUN_ORDER))}"
     bad = []
     for i, mod in enumerate(CLASSRUN_ORDER):
         for t in sorted(edges[prefix + mod]):

@@ -257,8 +257,9 @@ class DaskExecutor(Executor):
             for db_url in sorted({spec.db_url for spec, _ in tasks}):
                 check_sqlite_hosts(client, db_url)
             if tasks:
-                self._say(f"grading {len(tasks)} student(s) of {', '.join(dict.fromkeys(s.assignment for s, _ in tasks))}"
-                          f" on {self.workers} Dask worker(s) at {client.scheduler.address}")
+                names = ", ".join(dict.fromkeys(spec.assignment for spec, _ in tasks))
+                self._say(f"grading {len(tasks)} student(s) of {names} on {self.workers} Dask worker(s) "
+                          f"at {client.scheduler.address}")
             return run_on_dask(client, tasks, on_result)
         finally:
             if serve:

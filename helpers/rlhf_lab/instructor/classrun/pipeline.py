@@ -55,8 +55,8 @@ from ..course import (  # noqa: F401  (re-exported: the pipeline's names since t
 from ..course import kill_group as _kill_group  # noqa: F401
 from ..course import log_lines as _log_lines  # noqa: F401
 from .orchestrator import (  # noqa: F401
-    Executor, SequentialExecutor, StudentRun, grade_assignment, grade_assignments, grade_with_one_retry, make_spec,
-    to_student_run,
+    Executor, SequentialExecutor, StudentRun, grade_assignment, grade_assignments, grade_with_one_retry,
+    make_spec, to_student_run,
 )
 from .orchestrator import NOTE_PATTERNS as _NOTE_PATTERNS  # noqa: F401
 from .orchestrator import cell_timeouts as _cell_timeouts  # noqa: F401
