@@ -143,11 +143,16 @@ student-lib: venv
 ## make hub-users: the roster's accounts (ROSTER=path), the instructor's, the course root and the exchange (root)
 ## make hub: JupyterHub for the course on http://127.0.0.1:$(HUB_PORT)/ (root; make hub-users first)
 HUB_PORT ?= 8000
-.PHONY: hub hub-users student-lib
+.PHONY: hub hub-users student-lib bench-hub
 hub-users: venv
 	$(RUN) $(PY) -m rlhf_lab.instructor.operations.hub users $(ROSTER)
 hub: venv
 	HUB_PORT=$(HUB_PORT) $(RUN) $(PY) -m rlhf_lab.instructor.operations.hub serve $(ROSTER)
+
+## make bench-hub: the hub under N = 1, 5, 20 students at once (as root: a throw-away class of real
+## accounts, removed afterwards) -> bench/results/hub.md
+bench-hub: venv
+	$(RUN) $(PY) bench/bench_hub.py
 
 ## make bench-peer: our sequence-level PPO beside a PyTorch peer (TRL's PPO trainer tried first) on the
 ## same task; optional, not in CI. Ours runs from .venv, the peer from its own .venv-peer (pins in

@@ -55,6 +55,10 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
 import warnings  # noqa: E402
 
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+# nbgrader's gradebook adds a new student's submission through a relationship SQLAlchemy 2 warns about
+# ("Object of type <SubmittedAssignment> not in session, add operation along 'Student.submissions' will
+# not proceed") on every first autograde of a student; the rows are written all the same.
+warnings.filterwarnings("ignore", message=r"Object of type <Submitted\w+> not in session", module=r"nbgrader\.api")
 
 c = get_config()  # noqa: F821 (provided by traitlets when it executes this file)
 

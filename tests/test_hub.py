@@ -366,3 +366,32 @@ def test_hub_collect_refuses_a_submission_made_in_a_classmates_name_and_keeps_th
     from datetime import datetime, timezone
     received = parse_utc(stamp)
     assert abs((datetime.now(timezone.utc).replace(tzinfo=None) - received.replace(tzinfo=None)).total_seconds()) < 3600
+
+
+@pytest.mark.slow
+def test_hub_instructor_autogrades_with_the_course_library_in_the_sandboxed_kernel(klass, hub):
+    """The hub's servers run a venv without the course library (the instructor's copy comes through
+    ``PYTHONPATH``, which the sandbox does not pass on wholesale): the instructor's ``nbgrader
+    autograde`` of the collected submission runs the notebook's ``from rlhf_lab import grading`` in
+    its sandboxed kernel, and the gradient checks' trusted runtime imports it too."""
+    a = klass.students[0]
+    s = klass.settings()
+    assignment = "a1_ppo_objective"
+    if not (s.course_root / "submitted" / a / assignment).is_dir():
+        pytest.skip("the collect test above did not leave A's submission")
+    made = _as_user(klass, klass.instructor, f"nbgrader generate_assignment {assignment} --force")
+    assert made.returncode == 0, made.stderr[-2000:]
+    done = _as_user(klass, klass.instructor, f"nbgrader autograde {assignment} --student {a} --force", timeout=1200)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    graded = sorted((s.course_root / "autograded" / a / assignment).glob("*.ipynb"))
+    assert graded
+    errors = {}
+    for path in graded:
+        for cell in json.loads(path.read_text())["cells"]:
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error" and "rlhf_lab" in out.get("evalue", ""):
+                    errors[(path.name, cell["metadata"].get("nbgrader", {}).get("grade_id"))] = out["evalue"]
+    assert errors == {}
+    setup = [c for c in json.loads(graded[0].read_text())["cells"]
+             if c["metadata"].get("nbgrader", {}).get("grade_id") == "setup_grading"]
+    assert setup and not [o for o in setup[0]["outputs"] if o.get("output_type") == "error"]

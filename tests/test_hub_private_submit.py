@@ -1,9 +1,10 @@
-"""The hub's submissions are private to their student and the instructor's group (issue 21).
+"""The hub's submissions and feedback are private to their student (and the instructor) (issue 21).
 
 Fast, no hub and no accounts: nbgrader's real ``submit`` runs with the students' config snippet
 (:data:`hub.PRIVATE_SUBMIT`) into an exchange laid out as the hub lays it out, and the result is
-compared with what nbgrader's own submit leaves (everything readable by every account). The check
-of the exchange's default ACL reads it back in the kernel's own format.
+compared with what nbgrader's own submit leaves (everything readable by every account); the
+course's ``release_feedback`` with ``private_to_student`` (the hub's instructor config) leaves each
+page to its student's account. The ACLs are read back in the kernel's own format.
 """
 from __future__ import annotations
 
@@ -102,3 +103,69 @@ def test_the_default_acl_is_the_kernels_format_of_the_entries_named():
     raw = hub.inbound_default_acl(1234)
     assert raw == bytes.fromhex("02000000" "01000700ffffffff" "02000700d2040000" "04000000ffffffff"
                                 "10000700ffffffff" "20000000ffffffff")
+
+
+def _release_feedback(tmp_path: Path, private: bool) -> Path:
+    """nbgrader's real ``release_feedback`` with the course's release class, one page of a student
+    whose id is this test's own account (so that it has a Linux account); the released page."""
+    import getpass
+
+    student = getpass.getuser()
+    root = tmp_path / "course"
+    page_dir = root / "feedback" / student / "a1"
+    page_dir.mkdir(parents=True)
+    (page_dir / "task.html").write_text("<p>your feedback</p>")
+    (page_dir / "timestamp.txt").write_text("2026-12-01 10:00:00.000000 UTC")
+    (page_dir / "submission_secret.txt").write_text("s" * 128)
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    os.chmod(exchange, 0o1777)
+    hook = Path(hub.__file__).resolve().parents[1] / "grader" / "preflight_hook.py"
+    (root / "nbgrader_config.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('course_hook', {str(hook)!r})\n"
+        "hook = importlib.util.module_from_spec(spec); spec.loader.exec_module(hook)\n"
+        "c = get_config()  # noqa: F821\n"
+        f"c.CourseDirectory.root = {str(root)!r}\nc.CourseDirectory.course_id = 'c1'\n"
+        f"c.Exchange.root = {str(exchange)!r}\n"
+        "c.ExchangeFactory.release_feedback = hook.safe_release_feedback_class()\n"
+        f"c.SafeExchangeReleaseFeedback.private_to_student = {private!r}\n")
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"), JUPYTER_DATA_DIR=str(tmp_path / "data"))
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    done = subprocess.run([str(BIN / "nbgrader"), "release_feedback", "a1"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (page,) = (exchange / "c1" / "feedback").glob("*.html")
+    assert page.read_text() == "<p>your feedback</p>"
+    return page
+
+
+def test_released_feedback_is_its_students_alone_with_private_to_student(tmp_path):
+    page = _release_feedback(tmp_path, private=True)
+    assert not _mode(page) & 0o007, oct(_mode(page))
+    entries = {tag: (perm, uid) for tag, perm, uid in _acl_entries(page, "system.posix_acl_access")}
+    assert entries[0x02] == (4, os.getuid())  # user:<the student's account>:r--
+    assert entries[0x04][0] == 0 and entries[0x20][0] == 0  # nothing for the group or other accounts
+
+
+def test_without_private_to_student_feedback_is_released_as_nbgrader_does(tmp_path):
+    page = _release_feedback(tmp_path, private=False)
+    assert _mode(page) == 0o644
+    try:
+        os.getxattr(page, "system.posix_acl_access")
+        raise AssertionError("an ACL on a page released the usual way")
+    except OSError:
+        pass
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_the_acl_format_names_each_user_once_and_masks_their_union():
+    from rlhf_lab.instructor.grader import safe_files
+
+    raw = safe_files.posix_acl(6, {20: 4, 10: 1}, group=2, other=0)
+    entries = [struct.unpack("<HHI", raw[i:i + 8]) for i in range(4, len(raw), 8)]
+    none = 0xFFFFFFFF
+    assert entries == [(0x01, 6, none), (0x02, 1, 10), (0x02, 4, 20), (0x04, 2, none), (0x10, 7, none), (0x20, 0, none)]

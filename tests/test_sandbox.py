@@ -401,6 +401,19 @@ def test_the_bwrap_command_binds_nothing_of_the_course_only_a_scratch_at_the_not
                                   writable=writable, uid=-1, nproc=0, python="p")
 
 
+def test_the_kernel_gets_only_the_library_folder_of_the_graders_pythonpath(tmp_path):
+    """The hub's servers import the course library from ``PYTHONPATH`` (their venv has none): a
+    sandboxed kernel gets that one folder (bound read-only at the same path), nothing else of it;
+    with the library installed in the venv no ``PYTHONPATH`` at all."""
+    parent = os.path.dirname(sandbox._installed_library_dir())
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "elsewhere"), parent]), "DATABASE_URL": "secret",
+           "JAX_PLATFORMS": "cpu"}
+    got = sandbox.sandbox_env(env)
+    assert got["PYTHONPATH"] == parent and "DATABASE_URL" not in got and got["JAX_PLATFORMS"] == "cpu"
+    assert "PYTHONPATH" not in sandbox.sandbox_env({"PYTHONPATH": str(tmp_path)})
+    assert "PYTHONPATH" not in sandbox.sandbox_env({})
+
+
 def test_each_live_kernel_gets_its_own_user_id_and_a_freed_id_is_reused(tmp_path):
     first = sandbox.UidSlot(2_000_000, span=3, lock_dir=str(tmp_path))
     second = sandbox.UidSlot(2_000_000, span=3, lock_dir=str(tmp_path))

@@ -704,11 +704,32 @@ def safe_release_feedback_class():
     written into the exchange as a new file renamed into place, never through a planted link.
     """
     import glob
+    import pwd
 
     from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback
     from nbgrader.utils import notebook_hash
+    from traitlets import Bool
 
     class SafeExchangeReleaseFeedback(ExchangeReleaseFeedback):
+        private_to_student = Bool(False, help=(
+            "Release each page readable by its student's Linux account alone (an ACL entry for the "
+            "account named as the student id; nothing for other accounts), not 0644 as nbgrader does: "
+            "on a hub with one account per student no classmate reads it, even knowing its name. A "
+            "student without an account of that name, or an exchange whose filesystem takes no ACL: "
+            "0644, and the log says so.")).tag(config=True)
+
+        def _page_acl(self, student: str):
+            """(mode, ACL) of a released page of ``student`` (see ``private_to_student``)."""
+            if not self.private_to_student:
+                return 0o644, None
+            try:
+                uid = pwd.getpwnam(student).pw_uid
+            except KeyError:
+                self.log.warning("release_feedback: no Linux account %r: its feedback is released readable by "
+                                 "every account (as nbgrader does)", student)
+                return 0o644, None
+            return 0o600, _safe_files().posix_acl(6, {uid: 4})
+
         def copy_files(self):
             safe = _safe_files()
             if os.path.islink(self.dest_path) or not os.path.isdir(self.dest_path):
@@ -738,7 +759,15 @@ def safe_release_feedback_class():
                 self.log.info("Releasing feedback for student '%s' on assignment '%s/%s/%s' (%s)", student,
                               self.coursedir.course_id, self.coursedir.assignment_id, notebook_id, timestamp)
                 target = os.path.join(self.dest_path, f"{checksum}.html")
-                safe.write_bytes_replacing(target, data, 0o644)
+                mode, acl = self._page_acl(student)
+                try:
+                    safe.write_bytes_replacing(target, data, mode, acl=acl)
+                except OSError as exc:
+                    if acl is None:
+                        raise
+                    self.log.warning("release_feedback: the exchange takes no ACL (%s): feedback of %r released "
+                                     "readable by every account", exc.strerror, student)
+                    safe.write_bytes_replacing(target, data, 0o644)
                 self.log.info("Feedback released to: %s", target)
 
     return SafeExchangeReleaseFeedback

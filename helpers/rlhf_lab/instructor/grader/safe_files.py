@@ -516,9 +516,32 @@ def sweep(folder, dest_dir, *, max_bytes: int | None = MAX_FILE_BYTES, max_links
     return out
 
 
-def write_bytes_replacing(path, data: bytes, mode: int = 0o644) -> None:
+#: Where Linux keeps a file's POSIX ACL and a folder's default ACL (extended attributes)
+ACL_ACCESS, ACL_DEFAULT = "system.posix_acl_access", "system.posix_acl_default"
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER, _ACL_NO_ID = 0x01, 0x02, 0x04, 0x10, 0x20, 0xFFFFFFFF
+
+
+def posix_acl(owner: int, users: dict, group: int = 0, other: int = 0) -> bytes:
+    """A POSIX ACL in the form Linux keeps it in :data:`ACL_ACCESS` / :data:`ACL_DEFAULT` (``acl_ea.h``:
+    a little-endian version 2, then 8-byte entries ``tag, perm, id`` sorted by tag and id):
+    ``user::owner``, ``user:<uid>:perm`` for each ``{uid: perm}`` of ``users``, ``group::group``,
+    ``mask::`` the union of the named users' and the group's permissions, ``other::other``.
+    Permissions are rwx bits (``4`` read, ``2`` write, ``1`` execute/search)."""
+    mask = group
+    for perm in users.values():
+        mask |= perm
+    entries = [(_ACL_USER_OBJ, owner, _ACL_NO_ID)]
+    entries += [(_ACL_USER, users[uid], uid) for uid in sorted(users)]
+    entries += [(_ACL_GROUP_OBJ, group, _ACL_NO_ID), (_ACL_MASK, mask, _ACL_NO_ID), (_ACL_OTHER, other, _ACL_NO_ID)]
+    return (2).to_bytes(4, "little") + b"".join(
+        tag.to_bytes(2, "little") + perm.to_bytes(2, "little") + uid.to_bytes(4, "little") for tag, perm, uid in entries)
+
+
+def write_bytes_replacing(path, data: bytes, mode: int = 0o644, acl: bytes | None = None) -> None:
     """Write ``data`` as the new content of ``path`` without writing through a link planted there:
-    a new temporary file beside it (``O_EXCL``), then ``rename`` over the old name."""
+    a new temporary file beside it (``O_EXCL``), then ``rename`` over the old name. With ``acl``
+    (:func:`posix_acl`), the new file carries that access ACL before it gets the name (an
+    ``OSError`` when the filesystem takes none: the caller decides)."""
     path = os.fspath(path)
     folder, name = os.path.split(path)
     parent = open_folder(folder or ".")
@@ -533,6 +556,8 @@ def write_bytes_replacing(path, data: bytes, mode: int = 0o644) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+            if acl is not None:
+                os.setxattr(fd, ACL_ACCESS, acl)
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)

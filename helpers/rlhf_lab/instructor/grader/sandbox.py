@@ -308,10 +308,30 @@ def bwrap_command(bwrap: str, kernel_cmd: list[str], *, cwd: str, scratch: str, 
     return cmd
 
 
+def library_pythonpath(env=None) -> str | None:
+    """The one folder a sandboxed Python needs on ``PYTHONPATH`` to import the course library: the
+    parent of ``rlhf_lab``'s package when the grader itself has that parent on ``PYTHONPATH`` (the
+    hub's servers run a venv without the course library; the hub hands the instructor's copy through
+    ``PYTHONPATH``). ``None`` when the library is installed in the venv (its ``.pth``), which the
+    sandbox's Python finds by itself. Nothing else of the grader's ``PYTHONPATH`` is ever passed on:
+    the library is bound (read-only) at that same path inside the sandbox."""
+    env = os.environ if env is None else env
+    try:
+        parent = os.path.dirname(_installed_library_dir())
+    except SandboxUnavailable:
+        return None
+    entries = {os.path.realpath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p}
+    return parent if parent in entries else None
+
+
 def sandbox_env(env: dict, home: str = "/tmp") -> dict:
     """The kernel's environment: :data:`ENV_KEEP_PREFIXES` of ``env``, a PATH inside the sandbox,
-    ``HOME``/``TMPDIR`` on the private ``/tmp``."""
+    ``HOME``/``TMPDIR`` on the private ``/tmp``, and ``PYTHONPATH`` only when the course library
+    comes from it (:func:`library_pythonpath`)."""
     out = {k: v for k, v in env.items() if k.startswith(ENV_KEEP_PREFIXES)}
+    library = library_pythonpath(env)
+    if library:
+        out["PYTHONPATH"] = library
     out.update(HOME=home, TMPDIR="/tmp", USER="student", LOGNAME="student",
                PATH=os.pathsep.join([os.path.join(sys.prefix, "bin"), "/usr/bin", "/bin"]),
                MPLCONFIGDIR="/tmp/.matplotlib", IPYTHONDIR="/tmp/.ipython", JUPYTER_RUNTIME_DIR="/tmp/.jupyter")

@@ -356,12 +356,8 @@ def _library_path() -> str:
     servers have no installed ``rlhf_lab``: the hub puts the instructor's library on ``PYTHONPATH``),
     which ``-I`` ignores: the runner puts that folder on ``sys.path`` itself (in the sandbox the
     library is bound at the same path). Empty when the library is installed (the venv's own)."""
-    try:
-        parent = os.path.dirname(_sandbox()._installed_library_dir())
-    except Exception:  # noqa: BLE001 - no library at all: the runner's own import says so
-        return ""
-    entries = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    return f"import sys; sys.path.insert(0, {parent!r})\n" if parent in entries else ""
+    parent = _sandbox().library_pythonpath()
+    return f"import sys; sys.path.insert(0, {parent!r})\n" if parent else ""
 
 
 def _sandbox():

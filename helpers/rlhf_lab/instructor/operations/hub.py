@@ -36,7 +36,9 @@ exchange                 root        1777       nbgrader checks ``& 0o777 == 0o7
                                                 default ACL: the instructor alone reads what is
                                                 submitted (see :data:`PRIVATE_SUBMIT`)
 ``<course>/feedback``    instructor  0711       feedback files are named by a hash of the
-                                                submission; nobody can list them
+                                                submission; nobody can list them, and each
+                                                is readable by its student's account alone
+                                                (an ACL entry: ``private_to_student``)
 =======================  ==========  =========  ===========================================
 
 Every ``users``, ``check`` and ``serve`` checks the whole tree (:func:`exchange_problems`): a mode
@@ -78,13 +80,13 @@ import secrets
 import shutil
 import socket
 import stat
-import struct
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..grader import safe_files
 from ..course import REPO_ROOT, PipelineError, venv_bin
 from . import roster as roster_mod
 
@@ -303,10 +305,7 @@ def _owner_name(uid: int) -> str:
 
 # --- the exchange ------------------------------------------------------------------------------------
 
-#: the ACL entries' tags and "no id" (``<sys/acl.h>``; the xattr format of ``acl_ea.h``, version 2)
-_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
-_ACL_NO_ID = 0xFFFFFFFF
-DEFAULT_ACL = "system.posix_acl_default"
+DEFAULT_ACL = safe_files.ACL_DEFAULT
 
 
 def inbound_default_acl(instructor_uid: int) -> bytes:
@@ -315,9 +314,7 @@ def inbound_default_acl(instructor_uid: int) -> bytes:
     other::---``. nbgrader's submit then chmods the submission's files and folders; on a file with an
     ACL that sets the mask, so the instructor keeps read access through their own entry and the
     owning group (a shared ``users``, say) and every other account have none."""
-    entries = [(_ACL_USER_OBJ, 7, _ACL_NO_ID), (_ACL_USER, 7, instructor_uid), (_ACL_GROUP_OBJ, 0, _ACL_NO_ID),
-               (_ACL_MASK, 7, _ACL_NO_ID), (_ACL_OTHER, 0, _ACL_NO_ID)]
-    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
+    return safe_files.posix_acl(7, {instructor_uid: 7})
 
 
 def _default_acl(path: Path) -> bytes | None:
@@ -805,7 +802,9 @@ def write_server_configs(settings: Settings) -> dict:
         "# one account per student: a submission another account made in a student's name is refused, and\n"
         "# the time of a submission is the exchange's, never the one its folder's name or timestamp.txt claims\n"
         "c.SafeExchangeCollect.refuse_foreign_owner = True\n"
-        "c.SafeExchangeCollect.exchange_time = True\n"))
+        "c.SafeExchangeCollect.exchange_time = True\n"
+        "# each feedback page readable by its student's account alone (an ACL entry), not by every account\n"
+        "c.SafeExchangeReleaseFeedback.private_to_student = True\n"))
     # the course's own role configs (jupyter/<role>), copied: the servers never read the repository
     copies = {}
     for role in ("student", "instructor"):
