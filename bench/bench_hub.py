@@ -37,7 +37,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -307,13 +306,7 @@ def free_base_port() -> int:
     """A port with the next two also free (the hub uses three)."""
     from rlhf_lab.instructor.operations import hub as hubmod
 
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65000 and all(hubmod.port_free(port + i) for i in range(3)):
-            return port
-    raise RuntimeError("no three free ports in a row")
+    return hubmod.free_ports(3)
 
 
 class Class:

@@ -18,7 +18,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
@@ -34,13 +33,7 @@ MODULE = "rlhf_lab.instructor.operations.hub"
 
 def _free_base_port() -> int:
     """A port with the next two also free (the hub uses three)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65000 and all(hubmod.port_free(port + i) for i in range(3)):
-            return port
-    raise RuntimeError("no three free ports in a row")
+    return hubmod.free_ports(3)
 
 
 def _procs_of(uids) -> list[int]:

@@ -466,6 +466,18 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def free_ports(count: int = 3, host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A port with the ``count - 1`` after it also free on ``host`` (the hub uses three: ``HUB_PORT``,
+    the proxy's API, the hub itself), for a hub started on ports nobody chose (tests, benchmarks)."""
+    for _ in range(tries):
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port + count < 65536 and all(port_free(port + i, host) for i in range(count)):
+            return port
+    raise HubError(f"no {count} free ports in a row on {host}")
+
+
 def proxy_command() -> str | None:
     """The Python ``configurable-http-proxy`` of the course venv (or on PATH)."""
     own = Path(venv_bin()) / PROXY
