@@ -178,6 +178,8 @@ class RemoteStudent:
         self._trusted = trusted
         self.deadline = time.monotonic() + timeout if deadline is None else deadline
         self.expired = False
+        #: seconds the trusted runtime spent starting and re-running cells for this cell's gradients
+        self.trusted_overhead = 0.0
         self._core = core
 
     def _time_left(self, task: str) -> float:
@@ -235,6 +237,7 @@ class RemoteStudent:
             return self._trusted.grad(name, argnums, *args, **kwargs)
         finally:
             self.deadline += self._trusted.last_overhead
+            self.trusted_overhead += self._trusted.last_overhead
             if self._trusted.timed_out:
                 self.expired = True
 
@@ -540,9 +543,18 @@ class JudgeCells:
         name = judged_check(cell)
         if name is None or getattr(self, "_stopped", None) is not None or not judge_enabled():
             return super().preprocess_cell(cell, resources, index)
+        from rlhf_lab.instructor.grader import timeline
+
+        with timeline.phase("judged cell", index=index, grade_id=name) as fields:
+            return self._judge_cell(cell, resources, index, name, fields)
+
+    def _judge_cell(self, cell, resources, index, name: str, fields: dict):
+        """Decide the judged test cell ``name`` (see the class docstring); ``fields`` gets the
+        trusted runtime's overhead for the timeline."""
         timeout = float(getattr(self, "timeout", None) or os.environ.get("RLHF_CELL_TIMEOUT", 60))
         spec = self._spec_or_stub(name)
         try:
+            started = time.monotonic()
             client = self._client_for_judge(timeout)  # start-up: not counted against the student
             deadline = time.monotonic() + timeout
             from rlhf_lab.instructor.grader import trusted_runtime  # gradients where the notebook's other code never ran
@@ -550,6 +562,8 @@ class JudgeCells:
             student = RemoteStudent(client, spec, timeout, interrupt=self._interrupt_for_judge, deadline=deadline,
                                     trusted=trusted_runtime.for_cell(self, index, timeout, judged_check))
             outputs = self._decide(name, student, deadline)
+            fields.update(client_start=round(deadline - timeout - started, 3),
+                          trusted_runtime=round(student.trusted_overhead, 3))
             # a check that carried on after its request ran out of time still fails on the deadline
             cell.outputs = [error_output(deadline_message(spec.task, timeout))] if student.expired else outputs
         except DeadlineExceeded as exc:

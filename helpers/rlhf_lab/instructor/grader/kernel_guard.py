@@ -67,16 +67,24 @@ NOT_RUN = "CellNotRun"
 OUTPUT_KEEP = 64 * 1024
 
 
-def _compile_cache_module():
-    """:mod:`.compile_cache`, loaded by file path (importing ``rlhf_lab`` would import JAX here)."""
-    name = "rlhf_lab_course_compile_cache"
+def _by_path(filename: str, name: str):
+    """A module of this folder loaded by file path (importing ``rlhf_lab`` would import JAX here)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__),
-                                                                          "compile_cache.py"))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), filename))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def _compile_cache_module():
+    """:mod:`.compile_cache`, loaded by file path."""
+    return _by_path("compile_cache.py", "rlhf_lab_course_compile_cache")
+
+
+def _timeline():
+    """:mod:`.timeline`, loaded by file path."""
+    return _by_path("timeline.py", "rlhf_lab_course_timeline")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -335,8 +343,10 @@ class Execute(_NbgraderExecute):
 
     def preprocess(self, nb, resources=None, km=None):
         self._stopped = None
+        name = (resources or {}).get("unique_key") if isinstance(resources, dict) else None
         try:
-            nb, resources = super().preprocess(nb, resources, km)
+            with _timeline().phase("notebook", notebook=name):
+                nb, resources = super().preprocess(nb, resources, km)
         finally:
             release = getattr(getattr(self, "km", None), "release_sandbox", None)
             if release is not None:
@@ -356,7 +366,9 @@ class Execute(_NbgraderExecute):
             return cell, self.resources
         self._watchdog_killed = False
         try:
-            return super().preprocess_cell(cell, resources, index)
+            grade_id = (cell.get("metadata", {}).get("nbgrader", {}) or {}).get("grade_id")
+            with _timeline().phase("cell", index=index, grade_id=grade_id, code=cell.cell_type == "code"):
+                return super().preprocess_cell(cell, resources, index)
         except DeadKernelError:
             if self._watchdog_killed:
                 reason = ("the cell was still running after the per-cell timeout and ignored the "

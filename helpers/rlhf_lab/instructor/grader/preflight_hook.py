@@ -100,6 +100,13 @@ def _integrity():
     return integrity
 
 
+def _timeline():
+    """:mod:`rlhf_lab.instructor.grader.timeline`, imported by name like :func:`_integrity`."""
+    from rlhf_lab.instructor.grader import timeline
+
+    return timeline
+
+
 def _safe_files():
     """:mod:`rlhf_lab.instructor.grader.safe_files`, imported by name like :func:`_integrity` (one module
     object for the pre-flight and these hooks, so the course roots it knows are the same)."""
@@ -289,7 +296,8 @@ class PreflightHooks:
         try:
             integrity = _integrity()
 
-            report = integrity.preflight(a, self.root, [s], quarantine=self.quarantine, write=False)
+            with _timeline().phase("pre-flight", assignment=a):
+                report = integrity.preflight(a, self.root, [s], quarantine=self.quarantine, write=False)
             if report.students:
                 merge_report(self.root, report)
         except Exception:
@@ -341,7 +349,8 @@ class PreflightHooks:
 
             if report is None:  # the pre hook did not run for it in this process: check again
                 report = integrity.preflight(a, self.root, [s], quarantine=self.quarantine, write=False)
-            done = integrity.apply_overrides(report, self.root, self.db_url)
+            with _timeline().phase("overrides", assignment=a):
+                done = integrity.apply_overrides(report, self.root, self.db_url)
         except Exception:
             log.error("integrity overrides of %s/%s failed: withheld points are NOT applied; run "
                       "`python -m rlhf_lab.instructor.grader.integrity %s --student %s` and grade again",
