@@ -169,6 +169,9 @@ if os.environ.get("RLHF_COMPILE_CACHE", "1") != "0":
 # the cell's outputs to the verdict. Every way of autograding (nbgrader autograde, Formgrader's
 # button, the course's commands, Dask) reads this file, so every one of them grades this way.
 _judge = _course_module("grader/judge.py", "rlhf_lab_course_judge")
+# The checks' compiled references are kept for the next grader process in .cache/jax-grader/ (the
+# grader's own folder: kernels never see the course root); RLHF_COMPILE_CACHE=0 switches it off too.
+_judge.use_compile_cache(_root)
 
 
 def _sandboxed_init(self, *args, **kwargs):

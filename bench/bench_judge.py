@@ -1,35 +1,32 @@
-"""Benchmark: one student's autograde with the judge and the sandbox against the previous path, and a class
-run with one judge server against a judge per student process.
+"""Benchmark: one student's autograde with and without the sandbox, and a class run with one judge server
+against a judge per student process.
 
 In one run, on a temporary copy of the course, the correct example student of each graded
 assignment is autograded (``nbgrader autograde A --student ada_correct --force``, its own process,
-as the course's commands do) in three configurations, interleaved so that they share the
-machine's load:
+as the course's commands do) in two configurations, interleaved so that they share the machine's
+load:
 
-* ``in-kernel``: the hidden tests' checks run inside the student's kernel (``RLHF_JUDGE=0``) and
-  the kernel is not sandboxed (``RLHF_NO_SANDBOX=1``): the grading path before the judge;
-* ``judge``: the checks run in the grader's process, the kernel unsandboxed;
+* ``judge``: the hidden tests decided by the judge in the grader's process, the kernel unsandboxed
+  (``RLHF_NO_SANDBOX=1``);
 * ``judge+sandbox``: the default path (the judge, and the kernel under bubblewrap).
 
-It reports the median seconds per configuration and the ratios to ``in-kernel``, and checks that
-the three configurations gave the same grades, cell by cell. The target of the course issue: the
-default path no slower than 1.2x the previous one.
+It reports the median seconds per configuration and the ratio (what the sandbox costs), and checks
+that both gave the same grades, cell by cell. (Until the kernel side of grading was cut down to what
+the judge needs, this benchmark also measured the path before the judge, checks inside the kernel:
+``bench/results/judge.md`` keeps those figures; that path no longer exists.)
 
 **Class run** (``--class-size N``, default 4): a class of N students of each assignment (the correct
 student, the unchanged release and mistakes of that assignment from ``examples/submissions``) is
-graded by the course's sequential executor three times, in the same run, order alternating between
+graded by the course's sequential executor twice, in the same run, order alternating between
 assignments:
 
 * ``per-process``: each student's nbgrader process judges by itself (``RLHF_JUDGE_SERVER=0``, as a
   bare ``nbgrader autograde`` does), so every student pays the library import and the references'
   compilation again;
-* ``server``: one judge server for the run (:mod:`rlhf_lab.instructor.grader.judge_server`), the default;
-* ``in-kernel``: the path before the judge and the sandbox (``RLHF_JUDGE=0``, ``RLHF_NO_SANDBOX=1``),
-  the course issue's baseline (the default path no slower than 1.2x it).
+* ``server``: one judge server for the run (:mod:`rlhf_lab.instructor.grader.judge_server`), the default.
 
 It reports the mean per-student autograde seconds of each, their ratio, the first student's seconds
-and the mean of the later ones, and checks that the server and the per-process judge gave the same
-grades, cell by cell (the in-kernel path's agreement is reported: its older checks are not the judge's).
+and the mean of the later ones, and checks that the two gave the same grades, cell by cell.
 ``--only class`` skips the single-student part (its earlier section of ``--out`` is kept).
 
 Usage: ``python bench/bench_judge.py [--repeats N] [--class-size N] [--only single|class] [--assignments A ...]
@@ -54,9 +51,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from rlhf_lab.instructor.classrun import pipeline  # noqa: E402
 
 CONFIGS = {
-    "in-kernel": {"RLHF_JUDGE": "0", "RLHF_NO_SANDBOX": "1"},
-    "judge": {"RLHF_JUDGE": "1", "RLHF_NO_SANDBOX": "1"},
-    "judge+sandbox": {"RLHF_JUDGE": "1", "RLHF_NO_SANDBOX": "0"},
+    "judge": {"RLHF_NO_SANDBOX": "1"},
+    "judge+sandbox": {"RLHF_NO_SANDBOX": "0"},
 }
 STUDENT = "ada_correct"
 
@@ -67,13 +63,11 @@ def grades(root: Path, db_url: str, assignment: str) -> dict:
 
 
 CLASS_MARK = "## Class run: one judge server vs a judge per student process"
-#: environment of each class configuration: the default path (a judge server for the run, sandbox on),
-#: a judge in every student's process (sandbox on), and the path before the judge (checks inside an
-#: unsandboxed kernel), the issue's baseline
+#: environment of each class configuration: a judge in every student's process and the default path
+#: (a judge server for the run), both with the sandbox on
 CLASS_CONFIGS = {
-    "per-process": {"RLHF_JUDGE": "1", "RLHF_JUDGE_SERVER": "0", "RLHF_NO_SANDBOX": "0"},
-    "server": {"RLHF_JUDGE": "1", "RLHF_JUDGE_SERVER": "1", "RLHF_NO_SANDBOX": "0"},
-    "in-kernel": {"RLHF_JUDGE": "0", "RLHF_JUDGE_SERVER": "0", "RLHF_NO_SANDBOX": "1"},
+    "per-process": {"RLHF_JUDGE_SERVER": "0", "RLHF_NO_SANDBOX": "0"},
+    "server": {"RLHF_JUDGE_SERVER": "1", "RLHF_NO_SANDBOX": "0"},
 }
 
 
@@ -119,7 +113,6 @@ def class_part(size: int, only: list[str] | None = None) -> list[str]:
                                               for k, c in table.by_cell(s, assignment).items()) for s in who[assignment]}
                     print(f"{assignment:14s} {config:12s} " + " ".join(f"{x:5.1f}" for x in seconds[config]), flush=True)
                 same = seen["per-process"] == seen["server"]
-                agree_in_kernel = seen["in-kernel"] == seen["server"]
                 for other in [c for c in CLASS_CONFIGS if seen[c] != seen["server"]]:
                     for student in who[assignment]:
                         a, b = dict((k, v) for k, *v in seen["server"][student]), dict(
@@ -129,7 +122,7 @@ def class_part(size: int, only: list[str] | None = None) -> list[str]:
                                 print(f"  differs: {student} {cell}: server {a.get(cell)}, {other} {b.get(cell)}",
                                       flush=True)
                 same_all = same_all and same
-                rows.append((assignment, len(who[assignment]), seconds, same, agree_in_kernel))
+                rows.append((assignment, len(who[assignment]), seconds, same))
         finally:
             os.environ.clear()
             os.environ.update(saved)
@@ -140,22 +133,20 @@ def class_part(size: int, only: list[str] | None = None) -> list[str]:
              + (f" --assignments {' '.join(only)}" if only else "") + "`: sequential executor, sandbox on; "
              f"load average before {' / '.join(f'{x:.2f}' for x in load_before)}, after "
              f"{' / '.join(f'{x:.2f}' for x in load_after)}.", "",
-             "| assignment | students | in-kernel, mean per student (s) | per-process, mean per student (s) | "
-             "server, mean per student (s) | server / per-process | server / in-kernel | "
+             "| assignment | students | per-process, mean per student (s) | "
+             "server, mean per student (s) | server / per-process | "
              "per-process: first, later (s) | server: first, later (s) | same grades |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     total = {c: 0.0 for c in CLASS_CONFIGS}
-    for assignment, n, seconds, same, agree_in_kernel in rows:
+    for assignment, n, seconds, same in rows:
         for c in CLASS_CONFIGS:
             total[c] += sum(seconds[c])
         fl = {c: f"{seconds[c][0]:.1f}, {mean(seconds[c][1:]) if n > 1 else float('nan'):.1f}" for c in CLASS_CONFIGS}
-        lines.append(f"| {assignment} | {n} | {mean(seconds['in-kernel']):.1f} | {mean(seconds['per-process']):.1f} | "
+        lines.append(f"| {assignment} | {n} | {mean(seconds['per-process']):.1f} | "
                      f"{mean(seconds['server']):.1f} | {mean(seconds['server']) / mean(seconds['per-process']):.2f}x | "
-                     f"{mean(seconds['server']) / mean(seconds['in-kernel']):.2f}x | {fl['per-process']} | "
-                     f"{fl['server']} | {'yes' if same else 'NO'}{'' if agree_in_kernel else ' (in-kernel differs)'} |")
+                     f"{fl['per-process']} | {fl['server']} | {'yes' if same else 'NO'} |")
     lines += ["", f"All the assignments above together: server / per-process = {total['server'] / total['per-process']:.2f}x "
-              f"({total['server']:.0f} s vs {total['per-process']:.0f} s); server / in-kernel (the path before the "
-              f"judge and the sandbox) = {total['server'] / total['in-kernel']:.2f}x ({total['in-kernel']:.0f} s). "
+              f"({total['server']:.0f} s vs {total['per-process']:.0f} s). "
               f"Same grades cell by cell, server and per-process: {'yes' if same_all else 'NO'}.", ""]
     return lines if same_all else lines + ["GRADES DIFFER"]
 
@@ -206,13 +197,13 @@ def main(argv=None) -> int:
     lines = [f"# Judge benchmark ({dt.date.today()}, {platform.machine()}, {os.cpu_count()} cores)", "",
              f"`python bench/bench_judge.py --repeats {args.repeats}`; load average before "
              f"{' / '.join(f'{x:.2f}' for x in load_before)}, after {' / '.join(f'{x:.2f}' for x in load_after)}.",
-             "", "| assignment | in-kernel (s) | judge (s) | judge+sandbox (s) | judge+sandbox / in-kernel |",
-             "|---|---|---|---|---|"]
+             "", "| assignment | judge, no sandbox (s) | judge+sandbox (s) | judge+sandbox / judge |",
+             "|---|---|---|---|"]
     for assignment in names:
         med = {c: statistics.median(times[(assignment, c)]) for c in CONFIGS}
-        lines.append(f"| {assignment} | {med['in-kernel']:.1f} | {med['judge']:.1f} | {med['judge+sandbox']:.1f} | "
-                     f"{med['judge+sandbox'] / med['in-kernel']:.2f}x |")
-    lines += ["", f"Same grades cell by cell in the three configurations: {'yes' if same else 'NO'}.", ""]
+        lines.append(f"| {assignment} | {med['judge']:.1f} | {med['judge+sandbox']:.1f} | "
+                     f"{med['judge+sandbox'] / med['judge']:.2f}x |")
+    lines += ["", f"Same grades cell by cell in the two configurations: {'yes' if same else 'NO'}.", ""]
     class_ok = True
     if args.only != "single":
         more = class_part(args.class_size, args.assignments)

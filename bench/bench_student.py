@@ -10,7 +10,8 @@ with the course's own task (``pipeline.autograde_student``: one ``nbgrader autog
 
 Each tree runs in its own worker process whose ``rlhf_lab`` is that tree's (``PYTHONPATH`` put in
 front of the venv's editable install), on the same venv. Each course copy is generated and collected
-once and its compile-cache seeds are built before any timing. Then, for every repeat, the
+once, its compile-cache seeds are built and every assignment is autograded once, untimed, before
+any timing (the steady state of a class: what every student after the first finds). Then, for every repeat, the
 assignments are graded in turns (baseline then current, then current then baseline on the next
 repeat), so the load other programs put on this shared machine falls on both alike. The report
 gives the median seconds per assignment, the sum over the course and the ratio current / baseline,
@@ -107,7 +108,11 @@ def worker(tree: Path, course: Path, request: dict) -> dict:
         pipeline.generate(root, db_url=db)
         pipeline.collect(tree / "examples" / "submissions", root, students=[STUDENT])
         seeds = {a: round(compile_cache.ensure_seed(root, a).seconds, 1) for a in pipeline.graded_assignments(root)}
-        return {"assignments": pipeline.graded_assignments(root), "seeds": seeds}
+        # one untimed autograde of each assignment: what a class's later students find (files read
+        # once, library builds made, a grader's compile cache filled where the tree keeps one)
+        warm = {a: round(pipeline.autograde_student(a, STUDENT, root, db_url=db).seconds, 1)
+                for a in pipeline.graded_assignments(root)}
+        return {"assignments": pipeline.graded_assignments(root), "seeds": seeds, "warm-up": warm}
     if request["op"] == "grade":
         from rlhf_lab.instructor.grader import timeline
 
@@ -207,7 +212,8 @@ def main(argv=None) -> int:
              f"{platform.python_version()}) by `bench/bench_student.py --repeats {args.repeats}`: baseline `{rev}`, "
              f"current `{head}`{' with uncommitted changes' if dirty else ''}. The correct example student, every "
              "graded assignment, the course's own task (`pipeline.autograde_student`: one `nbgrader autograde` "
-             "process, judge + sandbox + compile cache, seeds built beforehand), the two trees in turns. "
+             "process, judge + sandbox + compile cache, seeds built and one untimed autograde of each assignment "
+             "beforehand), the two trees in turns. "
              f"Load average (1/5/15 min) at the start: {load_start}, at the end: {load()}.", "",
              "| assignment | baseline | current | current / baseline |", "|---|---|---|---|"]
     for a in med["current"]:

@@ -151,6 +151,11 @@ def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp
 
     for path in (root / "autograded").rglob("*.ipynb"):  # kernels that read the cache log nothing either
         assert not LIBRARY_LOG.search(path.read_text(encoding="utf-8")), path
+    # the checks' own compiled references are kept for the next grader process, in the course root
+    # (which no kernel sees: the probe's kernel found only its private copy, outside the course)
+    assert list((root / ".cache" / "jax-grader").iterdir()), "the grader kept no compiled references"
+    for run in runs:  # and the grader reading them logs nothing either
+        assert not LIBRARY_LOG.search(run.log_tail or ""), run.log_tail[-2000:]
 
     grades = pipeline.read_grades(root, own_db(root))
     tests = [g for g in grades.by_cell("b_next", assignment).values() if g.kind == "test"]

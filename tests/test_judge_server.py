@@ -206,7 +206,7 @@ def test_the_grader_process_takes_the_address_out_of_its_environment():
 def test_the_switch():
     assert judge_server.enabled({})
     assert not judge_server.enabled({"RLHF_JUDGE_SERVER": "0"})
-    assert not judge_server.enabled({"RLHF_JUDGE": "0"})
+    assert judge_server.enabled({"RLHF_JUDGE": "0"})  # (no longer a switch: the judge always decides)
 
 
 # ------------------------------------------------------------------------ fallback in the grader

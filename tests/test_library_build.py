@@ -324,3 +324,23 @@ def test_an_answer_that_hands_gae_to_the_library_loses_exactly_the_gae_points(tm
     cell = next(c for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_seq_gae")
     errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     assert errors and "No module named 'rlhf_lab.sequences'" in errors[0]["evalue"], errors
+
+
+def test_the_delegation_recipes_target_functions_the_grading_build_removes():
+    """The mistake recipes that delegate (run in full-library kernels by the source tests, where delegating
+    works) are graded in a kernel whose build lacks the function they hand the task to."""
+    import importlib.util
+
+    def recipes(assignment):
+        spec = importlib.util.spec_from_file_location(f"recipes_{assignment}", REPO / "examples" / "mistakes" /
+                                                      f"{assignment}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return getattr(module, "ALL_MISTAKES", None) or module.MISTAKES
+
+    targets = {"a1_ppo_objective": ("01_clipped_objective", "clipped_surrogate"),
+               "a2_ppo_rlhf": ("01_losses", "ppo_loss")}
+    for assignment, (notebook, function) in targets.items():
+        delegating = [k for k, r in recipes(assignment).items() if r.get("delegation")]
+        assert delegating, assignment
+        assert function in lb.names_for(assignment, notebook, lb.MANIFEST), (assignment, notebook, function)

@@ -146,7 +146,10 @@ def test_worked_examples_reproduce_the_module(correct_runs):
     assert clipped.count("[ 0.093956 -0.049622 -0.032211 -0.012122]") == 2, clipped
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES.ALL_MISTAKES))
+# (delegation recipes are left out: these runs use the full library in the kernel, where delegating
+# works; in grading the kernel's build lacks the function, see tests/test_library_build.py and the
+# hostile delegation cases of tests/test_trust.py)
+@pytest.mark.parametrize("recipe", sorted(k for k, s in RECIPES.ALL_MISTAKES.items() if not s.get("delegation")))
 def test_mistake_fails_its_test_with_the_diagnostic(runners, correct_runs, recipe):
     spec = RECIPES.ALL_MISTAKES[recipe]
     runner = runners[spec["notebook"]]

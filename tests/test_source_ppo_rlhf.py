@@ -114,8 +114,10 @@ def test_release_stubs_fail_every_test_cell(name, run_variant):
 # Classic recipes run hidden-only: what decides the grade (during autograding the judge decides each
 # test cell from its hidden region; the visible checks are for the student's own runs). Every recipe
 # also runs in full, as a student would: its target tests must fail with the diagnosis. Those are slow.
-RECIPE_RUNS = [(k, "hidden-only") for k, r in recipes.MISTAKES.items() if r["classic"]] + [
-    pytest.param(k, "full", marks=pytest.mark.slow) for k in recipes.MISTAKES
+# Delegation recipes are left out: these runs use the full library in the kernel, where delegating works;
+# in grading the kernel's build lacks the function (tests/test_library_build.py, tests/test_trust.py).
+RECIPE_RUNS = [(k, "hidden-only") for k, r in recipes.MISTAKES.items() if r["classic"] and not r.get("delegation")] + [
+    pytest.param(k, "full", marks=pytest.mark.slow) for k, r in recipes.MISTAKES.items() if not r.get("delegation")
 ]
 
 

@@ -72,6 +72,9 @@ MISTAKES: dict[str, dict] = {
         "code": "from rlhf_lab.ppo import clipped_surrogate as ppo_surrogate\n",
         "fails": ["test_ppo_surrogate"],
         "message": "must be implemented, not delegated",
+        # graded: the grading kernel's library build has no clipped_surrogate (tests/test_library_build.py,
+        # the hostile delegation cases); "message" is what a kernel with the full library says
+        "delegation": True,
         "description": "imports the course library's clipped_surrogate under the task's name",
     },
     "delegated_wrapper": {
@@ -86,6 +89,9 @@ def ppo_surrogate(ratio, advantage, epsilon=0.2, clip=True):
 ''',
         "fails": ["test_ppo_surrogate"],
         "message": "must be implemented, not delegated",
+        # graded: the grading kernel's library build has no clipped_surrogate (tests/test_library_build.py,
+        # the hostile delegation cases); "message" is what a kernel with the full library says
+        "delegation": True,
         "description": "a thin wrapper around the course library's clipped_surrogate",
     },
 }

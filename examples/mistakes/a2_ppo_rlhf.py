@@ -243,6 +243,7 @@ MISTAKES: dict[str, dict] = {
     },
     "delegation_import": {
         "classic": True,
+        "delegation": True,  # graded: the grading kernel's build has no ppo_loss (see a1's delegated_alias)
         "description": "`from rlhf_lab import ppo_loss` instead of an implementation",
         "notebook": NB_LOSSES,
         "cell": "ppo_loss_answer",
@@ -255,6 +256,7 @@ MISTAKES: dict[str, dict] = {
     },
     "delegation_wrapper": {
         "classic": False,
+        "delegation": True,
         "description": "a thin wrapper around rlhf_lab.ppo.ppo_loss",
         "notebook": NB_LOSSES,
         "cell": "ppo_loss_answer",

@@ -4,9 +4,9 @@ Every graded test cell's hidden region is one line, ``grading.judge("<grade_id>"
 names (:data:`CHECKS`) generates fresh inputs, asks the student's code for outputs through a
 :class:`~rlhf_lab.judging.core.Student`, computes the expected values with the reference
 implementations, compares them, and names the classic mistake when they differ. A check sees the
-student's code only through plain data, so it can run inside the kernel (today:
-:func:`rlhf_lab.grading.judge` with a private copy of this package) or in a grader process outside
-it.
+student's code only through plain data, so it runs in a grader process outside the kernel (the
+judge, :mod:`rlhf_lab.instructor.grader.judge`: every grade) or, for an instructor trying a source
+notebook and for the compile-cache seed build, inside it (:func:`rlhf_lab.grading.judge`).
 
 * :mod:`.core`: the :class:`~.core.Student` vocabulary, argument markers, plain-data conversion and
   the comparisons that decide;

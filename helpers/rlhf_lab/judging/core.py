@@ -6,10 +6,10 @@ classic mistake the outputs match. A check never touches a student object direct
 learns comes through a :class:`Student`, as plain data (NumPy arrays, numbers, booleans, ``None``,
 and tuples, lists and string-keyed dicts of them, see :func:`plain`). The same check therefore runs
 
-* in the student's kernel, where :mod:`rlhf_lab.grading` provides a :class:`Student` that calls
-  the notebook's functions in place (with its delegation and tampering checks), and
-* in a grader process outside the kernel, with a :class:`Student` that sends each request to the
-  kernel and receives plain data back.
+* in a grader process outside the kernel (every grade), with a :class:`Student` that sends each
+  request to the kernel and receives plain data back, and
+* in a kernel of the instructor's (a source notebook, the compile-cache seed build), where
+  :func:`rlhf_lab.grading.judge` uses :class:`LocalStudent` to call the notebook's functions in place.
 
 What a check may ask a :class:`Student` for:
 
@@ -325,7 +325,7 @@ def pair(result, task: str, what: str = "the pair (weights, rewards)"):
 def library_reference() -> types.SimpleNamespace:
     """The course library's reference functions, as checks use them outside a kernel.
 
-    (Inside a kernel, :mod:`rlhf_lab.grading` passes a private copy instead.)
+    (Inside a kernel, :func:`rlhf_lab.grading.judge` passes the same functions, :data:`rlhf_lab.grading.reference`.)
     """
     from .. import ppo, reward
 

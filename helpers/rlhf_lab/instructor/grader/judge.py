@@ -39,6 +39,7 @@ import json
 import os
 import re
 import secrets
+import sys
 import time
 
 from nbformat.notebooknode import NotebookNode
@@ -180,6 +181,8 @@ class RemoteStudent:
         self.expired = False
         #: seconds the trusted runtime spent starting and re-running cells for this cell's gradients
         self.trusted_overhead = 0.0
+        #: seconds spent waiting for the kernel's answers (the student's code running), and requests made
+        self.kernel_seconds, self.requests = 0.0, 0
         self._core = core
 
     def _time_left(self, task: str) -> float:
@@ -193,10 +196,13 @@ class RemoteStudent:
     def _ask(self, text: str, task: str, what: str):
         core, wire = self._core, _wire()
         left = self._time_left(task)
+        asked = time.monotonic()
         try:
             reply = self._client.execute_interactive(
                 "", silent=True, store_history=False, user_expressions={"r": f"_rlhf_judge_bridge({text!r})"},
                 timeout=left, output_hook=lambda msg: None, allow_stdin=False)
+            self.kernel_seconds += time.monotonic() - asked
+            self.requests += 1
         except TimeoutError:
             if self._interrupt is not None:
                 self._interrupt()
@@ -279,11 +285,62 @@ def run_check(name: str, student, seed: int | None = None) -> list:
 
 
 _REFERENCE = []
+#: Where this process's checks keep their compiled XLA programs (:func:`use_compile_cache`); empty: nowhere.
+_COMPILE_CACHE: list = []
+#: The grader's own compilation cache, under the course root.
+GRADER_CACHE_DIR = os.path.join(".cache", "jax-grader")
+
+
+def use_compile_cache(root) -> str | None:
+    """Keep the XLA programs this process's checks compile in ``<root>/.cache/jax-grader/``, so the
+    next grader process (the next student's ``nbgrader autograde``, the next class run's judge
+    server) loads them instead of compiling the references again. Returns the folder, or ``None``
+    when switched off (``RLHF_COMPILE_CACHE=0``, or ``RLHF_NO_SANDBOX=1``).
+
+    The folder is written and read by grader processes only: a grading kernel and the trusted
+    runtime never see the course root (the sandbox binds their scratch folder and library build
+    alone), so nothing a student runs can plant a program a check later loads. Without the sandbox
+    the kernel runs as the grader, inside the course, and could: then there is no such cache.
+    Takes effect at the first check of the process (before JAX compiles anything for it).
+
+    XLA logs C++ lines on every cache read (a warning each, and on CPUs with AVX-512 two ERROR lines
+    per entry, see ``compile_cache.CACHE_SETTINGS``), on the instructor's terminal and in every
+    autograde log. Its level is read when JAX loads, so this sets ``TF_CPP_MIN_LOG_LEVEL=3`` (fatal
+    lines only, as for the kernels; a real failure is still a Python exception) and must be called
+    before: in a process that loaded JAX with another level there is no cache (``nbgrader_config.py``
+    calls it before anything imports JAX; a class run's judge server compiles once per run anyway)."""
+    quiet = os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "3" or "jaxlib" not in sys.modules
+    if (os.environ.get("RLHF_COMPILE_CACHE", "1") == "0" or not quiet
+            or os.environ.get("RLHF_NO_SANDBOX", "") in ("1", "true", "yes")):
+        _COMPILE_CACHE.clear()
+        return None
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    folder = os.path.join(os.path.abspath(os.fspath(root)), GRADER_CACHE_DIR)
+    _COMPILE_CACHE[:] = [folder]
+    return folder
+
+
+def _configure_compile_cache() -> None:
+    """Point JAX's persistent cache at :func:`use_compile_cache`'s folder (once, before any compile)."""
+    if not _COMPILE_CACHE or _COMPILE_CACHE[0] is None:
+        return
+    folder, _COMPILE_CACHE[0] = _COMPILE_CACHE[0], None
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", folder)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
+    except Exception:  # noqa: BLE001 - no cache only costs time
+        pass
 
 
 def _reference():
     """The course library's reference functions in this process (built once per process)."""
     if not _REFERENCE:
+        _configure_compile_cache()
         from rlhf_lab.judging import core
 
         _REFERENCE.append(core.library_reference())
@@ -509,12 +566,6 @@ class ServerLink:
             self._conn = None
 
 
-def judge_enabled() -> bool:
-    """False only with ``RLHF_JUDGE=0``: the benchmark's baseline, where the same checks run inside the
-    kernel (``grading.judge`` with its private copy of the checks), as they did before the judge."""
-    return os.environ.get("RLHF_JUDGE", "1") != "0"
-
-
 class JudgeCells:
     """Mixin for nbgrader's ``Execute``: judged test cells are decided here, not run in the kernel.
 
@@ -535,18 +586,37 @@ class JudgeCells:
         """The kernel manager, told that the judge decides this notebook's tests (the sandbox then gives
         the kernel the library build without the functions the notebook asks students to write)."""
         km = super().create_kernel_manager()
-        if judge_enabled() and km.has_trait("judged"):
+        if km.has_trait("judged"):
             km.judged = True
         return km
 
     def preprocess_cell(self, cell, resources, index):
         name = judged_check(cell)
-        if name is None or getattr(self, "_stopped", None) is not None or not judge_enabled():
+        if name is None or getattr(self, "_stopped", None) is not None:
+            self._start_trusted_runtime(index)
             return super().preprocess_cell(cell, resources, index)
         from rlhf_lab.instructor.grader import timeline
 
         with timeline.phase("judged cell", index=index, grade_id=name) as fields:
             return self._judge_cell(cell, resources, index, name, fields)
+
+    def _start_trusted_runtime(self, index: int) -> None:
+        """At a notebook's first cell, start its trusted gradient runtime if one of its checks needs
+        gradients: its start-up (a fresh Python importing JAX) then overlaps the notebook's own cells
+        instead of waiting in the first gradient check. Once per notebook; a failure only means the
+        runtime starts (and reports) at that check, as before."""
+        if getattr(self, "_trusted_started_for", None) is getattr(self, "nb", None):
+            return
+        self._trusted_started_for = getattr(self, "nb", None)
+        if getattr(self, "km", None) is None:
+            return
+        try:
+            from rlhf_lab.instructor.grader import trusted_runtime
+
+            timeout = float(getattr(self, "timeout", None) or os.environ.get("RLHF_CELL_TIMEOUT", 60))
+            trusted_runtime.for_cell(self, index, timeout, judged_check)
+        except Exception as exc:  # noqa: BLE001
+            self.log.debug("trusted gradient runtime not started in advance: %s", exc)
 
     def _judge_cell(self, cell, resources, index, name: str, fields: dict):
         """Decide the judged test cell ``name`` (see the class docstring); ``fields`` gets the
@@ -563,7 +633,8 @@ class JudgeCells:
                                     trusted=trusted_runtime.for_cell(self, index, timeout, judged_check))
             outputs = self._decide(name, student, deadline)
             fields.update(client_start=round(deadline - timeout - started, 3),
-                          trusted_runtime=round(student.trusted_overhead, 3))
+                          trusted_runtime=round(student.trusted_overhead, 3),
+                          kernel=round(student.kernel_seconds, 3), requests=student.requests)
             # a check that carried on after its request ran out of time still fails on the deadline
             cell.outputs = [error_output(deadline_message(spec.task, timeout))] if student.expired else outputs
         except DeadlineExceeded as exc:

@@ -252,9 +252,9 @@ def stop_shared() -> dict:
 
 def enabled(environ=None) -> bool:
     """False only with ``RLHF_JUDGE_SERVER=0`` (each student's process judges by itself, as bare
-    ``nbgrader autograde`` does: the benchmark's baseline), or when the judge is off (``RLHF_JUDGE=0``)."""
+    ``nbgrader autograde`` does: the benchmark's baseline)."""
     environ = os.environ if environ is None else environ
-    return environ.get("RLHF_JUDGE_SERVER", "1") != "0" and environ.get("RLHF_JUDGE", "1") != "0"
+    return environ.get("RLHF_JUDGE_SERVER", "1") != "0"
 
 
 atexit.register(stop_shared)

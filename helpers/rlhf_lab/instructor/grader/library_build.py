@@ -497,8 +497,8 @@ def _closure(start: set, edges: dict) -> set:
 
 
 #: Modules every build has besides what the package imports: the notebooks' first cell imports
-#: ``grading``, which imports ``lesson`` (its ``_LIBRARY_MODULES``).
-ALWAYS_MODULES = ("grading", "lesson")
+#: ``grading`` (which imports ``ppo`` and ``reward``, found by :func:`module_imports`).
+ALWAYS_MODULES = ("grading",)
 
 
 def module_imports(library_dir) -> dict[str, set[str]]:

@@ -552,6 +552,7 @@ class TrustedRuntime:
         self._slot = None
         self._scratch = None
         self._scratch_dir = None
+        self._cache_copy = None
         self._buffer = b""
         self._ran: list[int] = []
         self._failed: dict[int, str] = {}
@@ -615,6 +616,9 @@ class TrustedRuntime:
         if self._slot is not None:
             self._slot.release()
             self._slot = None
+        if self._cache_copy is not None:
+            shutil.rmtree(self._cache_copy, ignore_errors=True)
+            self._cache_copy = None
 
     @staticmethod
     def _kill(holder) -> None:
@@ -732,9 +736,31 @@ class TrustedRuntime:
             uid = self._slot.uid
         nproc = getattr(km, "nproc", None) or sb._default_nproc()
         cwd, extra = self._working_folder(sb, uid)
-        cmd = sb.bwrap_command(bwrap, inner, cwd=cwd, readonly=readonly, writable=[], uid=uid, nproc=nproc,
+        writable = self._compile_cache(kg, env, uid)
+        cmd = sb.bwrap_command(bwrap, inner, cwd=cwd, readonly=readonly, writable=writable, uid=uid, nproc=nproc,
                                python=python, **extra)
         return cmd, dict(kw, env=sb.sandbox_env(env))
+
+    def _compile_cache(self, kg, env: dict, uid: int) -> list[str]:
+        """A private, verified copy of the assignment's compile-cache seed for this runtime, as every
+        grading kernel gets its own (:func:`.compile_cache.private_copy`): the cells it re-runs are the
+        source's, compiled already. Never the kernel's copy, which the notebook could write. Points
+        ``env`` at it and returns it as the runtime's one writable folder (``[]``: no cache)."""
+        root = getattr(self.km, "compile_cache_root", "")
+        if not root:
+            return []
+        cc = kg._compile_cache_module()
+        try:
+            copy = cc.private_copy(cc.seed_for_notebook_dir(root, os.path.realpath(self.cwd)))
+        except Exception:  # noqa: BLE001 - no cache is always a safe fallback
+            copy = None
+        if copy is None:
+            return []
+        self._cache_copy = str(copy)
+        if uid >= 0:
+            _sandbox()._chown_tree(str(copy), uid, uid)
+        env.update(cc.kernel_env(copy))
+        return [str(copy)]
 
     def _working_folder(self, sb, uid: int) -> tuple[str, dict]:
         """The runtime's working folder: an EMPTY private folder (the runtime never sees the notebook's
@@ -839,9 +865,10 @@ def _judged_ids(cells, start: int, judged_check) -> list[str]:
 def for_cell(executor, index: int, timeout: float, judged_check):
     """The :class:`TrustedRuntime` of the notebook ``executor`` (an nbgrader ``Execute`` with
     :class:`~.judge.JudgeCells`) is running, prepared for its test cell ``index``; ``None`` when
-    disabled (:data:`ENABLE_ENV`). Its process starts at the first judged cell of a notebook that has
-    a gradient check at or below it (so JAX is imported while the kernel answers other checks), is
-    kept for the notebook's other requests, and is stopped when a new notebook (or kernel) starts.
+    disabled (:data:`ENABLE_ENV`). Its process starts at the first call for a notebook that has a
+    gradient check at or below ``index`` (the judge calls this at the notebook's first cell, so JAX is
+    imported while the kernel runs the notebook), is kept for the notebook's other requests, and is
+    stopped when a new notebook (or kernel) starts.
     ``judged_check(cell)`` is the judge's reader of a test cell's grade id (passed in: this module sits
     below the judge)."""
     if not enabled():

@@ -19,10 +19,9 @@ references a student can read; grading never relies on their absence here, becau
 kernel gets its own per-notebook build without the functions that notebook asks for (a later
 assignment's given code is built in its own notebook there), and delegating to them fails there.
 
-``grading.py`` goes into the build as it is: it holds the in-kernel primitives (tamper checks,
-trusted comparisons), none of the hidden tests' logic, which lives in ``judging/``. Without
-``judging/``, ``grading.start()`` runs and ``grading.judge()`` says the grader decides, outside
-the kernel.
+``grading.py`` goes into the build as it is: ``grading.start()`` (which binds
+``grading.reference``) and ``grading.judge()``, none of the hidden tests' logic, which lives in
+``judging/``. Without ``judging/``, ``grading.judge()`` says the grader decides, outside the kernel.
 
 **Where.** ``$RLHF_STUDENT_LIB``, else ``/srv/rlhf-student-lib`` (:data:`DEFAULT_DEST`): a folder
 every student can read and none can write (folders 0755, files 0644, owned by whoever builds it:
