@@ -190,6 +190,8 @@ def test_the_course_command_grades_as_the_course_owner_with_the_same_grade(grade
     for path in [*written, by_root / "autograded" / student, by_root / "gradebook.db"]:
         assert os.stat(path).st_uid == entry.pw_uid, path
     as_root = _score(by_root, assignment, student)
+    [log] = [p for p in by_root.rglob(f"{student}.log") if "autograded" not in p.parts]
+    assert "unavailable" not in log.read_text(), "nbgrader could not reach the run's judge server"
 
     # the same submission in a second copy, graded by the account itself from its own process
     env = course.Account(entry.pw_name, entry.pw_uid, entry.pw_gid, (entry.pw_gid,), entry.pw_dir).env(
