@@ -12,7 +12,8 @@
 * Bounds on what the kernel sends back, checked before anything is parsed: the ``text/plain`` of a
   response must be one quoted literal of bounded length (:func:`wire.read_text`), its JSON is
   counted (nodes, depth) without being built (:func:`wire.scan`); the grader's own client of the
-  kernel drops messages over a size before reading them (ZeroMQ's ``MAXMSGSIZE``). A judged cell
+  kernel drops messages over a size before reading them (ZeroMQ's ``MAXMSGSIZE``) and the request
+  then fails at once as too large, not on the deadline. A judged cell
   has ONE deadline for all of its requests, and the judge-server connection carries JSON of plain
   data only, bounded, never pickles.
 """
@@ -306,10 +307,26 @@ def test_one_deadline_covers_all_the_requests_of_a_cell(kernel):
     _run_in(kc, "x = 1")
 
 
+def _bounded_client(km):
+    """A client of ``km``'s kernel like the grader's own (:func:`judge.bounded_context`)."""
+    from jupyter_client import BlockingKernelClient
+
+    client = BlockingKernelClient(context=judge.bounded_context())
+    client.load_connection_info(km.get_connection_info())
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    return client
+
+
+def _close(client):
+    judge.close_shell_monitor(client)
+    client.stop_channels()
+    client.context.destroy(linger=0)
+
+
 def test_a_huge_answer_never_reaches_the_parser(kernel):
     """A forged bridge answering 8 MB: refused by its length by a plain client, dropped unread by the
-    grader's bounded client (the request then fails on the deadline); the kernel still answers."""
-    from jupyter_client import BlockingKernelClient
+    grader's bounded client (the request fails at once as too large); the kernel still answers."""
     from rlhf_lab.judging.core import GradingError
 
     km, kc = kernel
@@ -320,17 +337,66 @@ def test_a_huge_answer_never_reaches_the_parser(kernel):
     try:
         message = _verdict(kernel, "test_penalized_reward", timeout=20)
         assert message and "characters long" in message, message
-        bounded = BlockingKernelClient(context=judge.bounded_context())
-        bounded.load_connection_info(km.get_connection_info())
-        bounded.start_channels()
+        bounded = _bounded_client(km)
         try:
-            bounded.wait_for_ready(timeout=60)
-            student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 5)
-            with pytest.raises(GradingError, match="took longer than the per-cell timeout"):
+            student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 600)
+            with pytest.raises(GradingError, match="over 1,048,576 bytes, the grader's bound"):
                 student.call("penalized_reward", 1.0, 0.1, 0.5)
+            assert student.client_broken and not student.expired
         finally:
-            bounded.stop_channels()
-            bounded.context.destroy(linger=0)
+            _close(bounded)
     finally:
         judge.install_bridge(kc)
     _run_in(kc, "x = 1")
+
+
+def test_an_oversized_answer_fails_its_cell_as_too_large_and_the_next_student_is_graded(kernel):
+    """A 20 MB answer (the bridge forged by the notebook) under a per-cell timeout of 10 minutes: the
+    cell scores zero with the too-large message, not the deadline's; the same kernel, its bridge put
+    back and the function right (the next student), passes through a new client as the grader makes."""
+    km, kc = kernel
+    _run_in(kc, "_rlhf_judge_bridge = lambda text: 'x' * 20_000_000")
+    try:
+        bounded = _bounded_client(km)
+        try:
+            student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 600,
+                                          interrupt=km.interrupt_kernel, alive=km.is_alive)
+            out = judge.run_check("test_penalized_reward", student)
+        finally:
+            _close(bounded)
+        assert len(out) == 1 and out[0]["ename"] == judge.FAILED
+        message = out[0]["evalue"]
+        assert "your code's answer to the grader was over 1,048,576 bytes" in message, message
+        assert "per-cell timeout" not in message and not student.expired and student.client_broken
+    finally:
+        judge.install_bridge(kc)
+    _run_in(kc, "def penalized_reward(reward, beta, kl):\n    return reward - beta * kl\n")
+    bounded = _bounded_client(km)
+    try:
+        student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 600, alive=km.is_alive)
+        assert judge.run_check("test_penalized_reward", student) == []
+        assert not student.client_broken
+    finally:
+        _close(bounded)
+
+
+def test_a_kernel_that_dies_during_a_request_is_gone_not_too_large():
+    """The kernel exits in the middle of a request: its client is disconnected as with a refused
+    reply, but the kernel process is gone, and that is what the grader says."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        judge.install_bridge(kc)
+        _run_in(kc, "import os\n_rlhf_judge_bridge = lambda text: os._exit(3)")
+        bounded = _bounded_client(km)
+        try:
+            student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 600, alive=km.is_alive)
+            with pytest.raises((judge.KernelGone, Exception)) as info:
+                student.call("penalized_reward", 1.0, 0.1, 0.5)
+            assert isinstance(info.value, judge.KernelGone), info.value
+        finally:
+            _close(bounded)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

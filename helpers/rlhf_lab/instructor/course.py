@@ -91,6 +91,147 @@ def nbgrader_env(root: str | os.PathLike | None = None, db_url: str | None = Non
     return env
 
 
+# ------------------------------------------------------------------------------- grading account
+@dataclasses.dataclass(frozen=True)
+class Account:
+    """The Linux account an nbgrader subprocess runs as: ids, supplementary groups, home."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple
+    home: str
+
+    def popen_kwargs(self) -> dict:
+        """``subprocess.Popen`` arguments that start the process as this account."""
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+    def env(self, env: dict) -> dict:
+        """``env`` for a process of this account: its ``HOME``, ``USER`` and ``LOGNAME``; no
+        ``XDG_RUNTIME_DIR`` (root's, where Jupyter would put its runtime files)."""
+        env = dict(env, HOME=self.home, USER=self.name, LOGNAME=self.name)
+        env.pop("XDG_RUNTIME_DIR", None)
+        return env
+
+
+def grading_account(euid: int, owner_uid: int, passwd=None, grouplist=None) -> Account | None:
+    """The account nbgrader runs as when this process has effective uid ``euid`` and the course root
+    belongs to ``owner_uid``: that owner's (uid, primary gid, the supplementary groups
+    ``os.initgroups`` would give it, home) when ``euid`` is 0 and the owner is not root; ``None``
+    (this process's own account) otherwise. ``passwd(uid)`` and ``grouplist(name, gid)`` default
+    to ``pwd.getpwuid`` and ``os.getgrouplist``; an owner with no passwd entry keeps ``None``."""
+    if euid != 0 or owner_uid == 0:
+        return None
+    import pwd
+
+    try:
+        entry = (passwd or pwd.getpwuid)(owner_uid)
+    except KeyError:
+        return None
+    groups = tuple((grouplist or os.getgrouplist)(entry.pw_name, entry.pw_gid))
+    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir or "/")
+
+
+def account_outputs(root, db_url: str | None = None, folders: Sequence[str] = ("autograded", "feedback", "submitted")) -> list[str]:
+    """What nbgrader's account must own in the course at ``root``: the SQLite gradebook file and
+    the top ``folders`` (those that exist are checked, see :func:`foreign_outputs`)."""
+    root = os.path.abspath(os.fspath(root))
+    paths = [os.path.join(root, f) for f in folders]
+    db = sqlite_path(db_url or default_db_url(root))
+    return ([db] if db else []) + paths
+
+
+def foreign_outputs(paths: Sequence[str], uid: int, lstat=os.lstat) -> list[tuple[str, int]]:
+    """``(path, owner uid)`` of each of ``paths`` that exists (``lstat``: a link is its own) and is
+    owned by an account other than ``uid``."""
+    out = []
+    for path in paths:
+        try:
+            st = lstat(path)
+        except FileNotFoundError:
+            continue
+        if st.st_uid != uid:
+            out.append((path, st.st_uid))
+    return out
+
+
+def ownership_refusal(account: Account, foreign: Sequence[tuple[str, int]]) -> str | None:
+    """One line refusing to grade as ``account`` while ``foreign`` paths (from :func:`foreign_outputs`)
+    belong to another account, with the command that fixes it; ``None`` when there are none.
+    Nothing is changed here: a course path may be a student's link, never ``chown``-ed as root."""
+    if not foreign:
+        return None
+    path, owner = foreign[0]
+    who = "root (left by an earlier run as root)" if owner == 0 else f"uid {owner}"
+    more = f" (and {len(foreign) - 1} more: " + ", ".join(p for p, _ in foreign[1:]) + ")" if len(foreign) > 1 else ""
+    return (f"not grading: {path} is owned by {who}, but nbgrader runs as {account.name}, the course root's "
+            f"owner, and must write it{more}; fix it with: chown -R {account.name} "
+            + " ".join(p for p, _ in foreign))
+
+
+def reach_check(command: Sequence[str]) -> list[str]:
+    """A cheap command line that succeeds only when its account can run ``command``'s Python and
+    read its script (``command`` is :func:`nbgrader_command`) and find the course library."""
+    python, *rest = command
+    script = next((a for a in rest if a.endswith(".py")), None)
+    code = ("import importlib.util, sys\n"
+            f"open({script!r}, 'rb').close()\n" if script else "import importlib.util, sys\n") + \
+        "sys.exit(importlib.util.find_spec('rlhf_lab') is None and 'no rlhf_lab')\n"
+    return [python, "-c", code]
+
+
+def unreachable_refusal(account: Account, python: str, detail: str) -> str:
+    """One line refusing to grade as ``account`` because it cannot run the course's Python."""
+    return (f"not grading: the course root's owner {account.name}, as whom nbgrader runs, cannot run this "
+            f"course's Python {python} ({detail or 'failed'}); make the venv, its base interpreter "
+            f"({os.path.realpath(python)}) and the repository readable by {account.name}, or run the course "
+            f"command as {account.name}")
+
+
+_REACHES: dict = {}
+
+
+def account_reach(account: Account, root, db_url: str | None = None) -> str | None:
+    """:func:`unreachable_refusal` when ``account`` cannot run :func:`reach_check` (checked once per
+    account and process), else ``None``."""
+    command = nbgrader_command()
+    key = (account, tuple(command))
+    if key not in _REACHES:
+        try:
+            done = subprocess.run(reach_check(command), cwd=root, env=account.env(nbgrader_env(root, db_url)),
+                                  capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                                  **account.popen_kwargs())
+            detail = "" if done.returncode == 0 else (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            ok = done.returncode == 0
+        except (OSError, subprocess.SubprocessError) as exc:
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        _REACHES[key] = None if ok else unreachable_refusal(account, command[0], detail[:300])
+    return _REACHES[key]
+
+
+ROOT_NOTICE = ("note: grading runs as root because the course root {root} is owned by root; to grade as an "
+               "unprivileged account, give the course root to an instructor account (chown -R <instructor> {root})")
+_NOTICE_SHOWN: set = set()
+
+
+def account_for_course(root, db_url: str | None = None) -> tuple[Account | None, str | None]:
+    """``(account, refusal)`` for an nbgrader run on the course at ``root`` from this process:
+    :func:`grading_account` of the root's owner, and :func:`ownership_refusal` of what that account
+    must write, or :func:`account_reach` when it cannot run the course's Python. As root with a
+    root-owned course, :data:`ROOT_NOTICE` is printed once per process."""
+    root = os.path.abspath(os.fspath(root))
+    euid = os.geteuid()
+    owner = os.stat(root).st_uid
+    account = grading_account(euid, owner)
+    if account is None:
+        if euid == 0 and owner == 0 and root not in _NOTICE_SHOWN:
+            _NOTICE_SHOWN.add(root)
+            print(ROOT_NOTICE.format(root=root), file=sys.stderr, flush=True)
+        return None, None
+    refusal = ownership_refusal(account, foreign_outputs(account_outputs(root, db_url), account.uid))
+    return account, refusal or account_reach(account, root, db_url)
+
+
 # ------------------------------------------------------------------------------------ nbgrader runs
 @dataclasses.dataclass
 class CommandRun:
@@ -114,6 +255,8 @@ class CommandRun:
         return log_lines(self.output, "WARNING")
 
 
+#: The app name of the log line a refused run carries (read by :func:`log_lines` like nbgrader's).
+COMMAND_APP = "RlhfCourse"
 _LOG_LINE = re.compile(r"^\[(?P<app>\w+) \| (?P<level>[A-Z]+)\]\s?(?P<msg>.*)$")
 
 
@@ -141,6 +284,10 @@ def run_nbgrader(args: Sequence[str], root=None, db_url: str | None = None,
                  started=None) -> CommandRun:
     """Run nbgrader (:func:`nbgrader_command`) with ``args`` in the course root; never raises on failure.
 
+    Run as root on a course root owned by another account, nbgrader runs as that account
+    (:func:`account_for_course`); when something it must write is not its own, nothing runs and
+    the failed run's output is the one line that says how to fix it.
+
     The command gets its own process group; on ``timeout`` the whole group (nbgrader and the
     kernels it started) is killed and the run is marked ``timed_out``. ``started(pid)``, when
     given, is called once the process exists.
@@ -148,9 +295,14 @@ def run_nbgrader(args: Sequence[str], root=None, db_url: str | None = None,
     root = course_root(root)
     cmd = [*nbgrader_command(), *map(str, args)]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=root, env=nbgrader_env(root, db_url, extra_env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True)
+    account, refusal = account_for_course(root, db_url)
+    if refusal:
+        return CommandRun(list(cmd[1:]), 1, 0.0, f"[{COMMAND_APP} | ERROR] {refusal}\n")
+    env, kwargs = nbgrader_env(root, db_url, extra_env), {}
+    if account is not None:
+        env, kwargs = account.env(env), account.popen_kwargs()
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True, **kwargs)
     if started is not None:
         try:
             started(proc.pid)

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
 from . import records
-from ..course import (DEFAULT_STUDENT_TIMEOUT, CommandRun, Course, CourseError, is_sqlite, log_lines,
-                     nbgrader_command)
+from ..course import (COMMAND_APP, DEFAULT_STUDENT_TIMEOUT, CommandRun, Course, CourseError, account_for_course,
+                     is_sqlite, log_lines, nbgrader_command)
 
 SQLITE_BUSY_TIMEOUT = 300.0  # seconds a SQLite writer waits for the lock before giving up
 
@@ -243,12 +243,26 @@ def grade_submission(spec: TaskSpec, student: str) -> dict:
         extra_env = judge_server.child_env()
     returncode: int | None = None
     timed_out = False
+    account, refusal = account_for_course(course.root, spec.db_url)
+    env, as_account = course.env(spec.db_url, extra_env), {}
+    if account is not None:
+        env, as_account = account.env(env), account.popen_kwargs()
+        if extra_env:
+            from ..grader import judge_server
+
+            judge_server.grant_shared(account.uid)
     with open(log_file, "w", encoding="utf-8", errors="replace") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=course.root, env=course.env(spec.db_url, extra_env),
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        if refusal:  # nothing runs: the one line says what to chown
+            log.write(f"[{COMMAND_APP} | ERROR] {refusal}\n")
+    if refusal:
+        records.finish_record(course, assignment, student, record, state="failed", seconds=0.0,
+                              returncode=1, reason=refusal)
+        return failed_result(assignment, student, refusal, time.time() - started)
+    with open(log_file, "a", encoding="utf-8", errors="replace") as log:
+        proc = subprocess.Popen(cmd, cwd=course.root, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, **as_account)
         records.note_child(course, assignment, student, record, proc.pid)
         try:
             returncode = proc.wait(timeout=spec.timeout)

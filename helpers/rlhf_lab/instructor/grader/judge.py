@@ -41,6 +41,7 @@ import re
 import secrets
 import sys
 import time
+import weakref
 
 from nbformat.notebooknode import NotebookNode
 
@@ -138,8 +139,9 @@ def _expression_text(reply) -> tuple[bool, object, str]:
 
 #: Largest message (frame) the grader's own client of a student's kernel accepts on the shell,
 #: control and stdin channels, and on iopub (the kernel's outputs, discarded while judging). ZeroMQ
-#: drops a larger message before any of it is allocated or parsed here and disconnects the kernel,
-#: whose request then fails on the cell's deadline. A judge response is at most
+#: drops a larger message before any of it is allocated or parsed here and disconnects the kernel
+#: for good (no reconnection after a protocol error); :func:`shell_monitor` sees that disconnection
+#: and the request fails at once with :func:`too_large_message`. A judge response is at most
 #: ``wire.MAX_LITERAL_CHARS`` (65,538) characters; the rest of a reply is a few KiB.
 KERNEL_REPLY_MAX_BYTES = 1024 * 1024
 KERNEL_OUTPUT_MAX_BYTES = 16 * 1024 * 1024
@@ -160,6 +162,98 @@ def bounded_context():
     return BoundedContext()
 
 
+#: Seconds a refused reply waits for the kernel process to be seen dead (a kernel that died in the
+#: middle of a request also disconnects): only on that failure path, never on a normal reply.
+GONE_GRACE = 0.5
+
+_MONITORS = weakref.WeakKeyDictionary()
+
+
+def shell_monitor(client):
+    """The ZeroMQ monitor (``EVENT_DISCONNECTED``) of ``client``'s shell socket, created on first use
+    and kept for that socket; ``None`` for a socket without ``MAXMSGSIZE`` (nothing refuses its
+    messages, so nothing to watch)."""
+    import zmq
+
+    sock = client.shell_channel.socket
+    if sock.getsockopt(zmq.MAXMSGSIZE) < 0:
+        return None
+    monitor = _MONITORS.get(sock)
+    if monitor is None:
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor.setsockopt(zmq.LINGER, 0)
+        _MONITORS[sock] = monitor
+    return monitor
+
+
+def close_shell_monitor(client) -> None:
+    """Stop and close :func:`shell_monitor`'s socket of ``client`` (before its channels stop)."""
+    sock = getattr(getattr(client, "shell_channel", None), "socket", None)
+    monitor = _MONITORS.pop(sock, None) if sock is not None else None
+    if monitor is not None:
+        try:
+            sock.disable_monitor()
+        except Exception:  # noqa: BLE001 - the socket is closing anyway
+            pass
+        monitor.close(linger=0)
+
+
+def _disconnected(monitor) -> bool:
+    """True when ``monitor`` holds a disconnection event (every pending event is read)."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    seen = False
+    while monitor.poll(0):
+        seen |= recv_monitor_message(monitor, zmq.NOBLOCK)["event"] == zmq.EVENT_DISCONNECTED
+    return seen
+
+
+class ReplyRefused(Exception):
+    """The kernel's reply was over :data:`KERNEL_REPLY_MAX_BYTES`: dropped unread, the kernel disconnected."""
+
+
+#: iopub messages discarded per wake-up while waiting for a reply (the shell is polled in between)
+_IOPUB_BATCH = 64
+
+
+def wait_reply(client, msg_id: str, deadline: float) -> dict:
+    """The shell reply to ``msg_id``, waiting at most until ``deadline`` (``time.monotonic()``).
+
+    One poll on the shell socket, the iopub socket (its messages are discarded, as
+    ``execute_interactive``'s ``output_hook`` did) and :func:`shell_monitor`: a reply comes back as
+    soon as it arrives; replies to other requests are skipped. Raises ``TimeoutError`` at the
+    deadline and :class:`ReplyRefused` as soon as the shell socket was disconnected (a message over
+    its ``MAXMSGSIZE``).
+    """
+    import zmq
+
+    shell, iopub = client.shell_channel.socket, client.iopub_channel.socket
+    monitor = shell_monitor(client)
+    poller = zmq.Poller()
+    for sock in (shell, iopub, monitor):
+        if sock is not None:
+            poller.register(sock, zmq.POLLIN)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no reply before the deadline")
+        events = dict(poller.poll(max(1, int(left * 1000) + 1)))
+        if shell in events:
+            reply = client.get_shell_msg(timeout=0)
+            if (reply.get("parent_header") or {}).get("msg_id") == msg_id:
+                return reply
+            continue
+        if monitor is not None and monitor in events and _disconnected(monitor):
+            raise ReplyRefused(f"was over {KERNEL_REPLY_MAX_BYTES:,} bytes, the grader's bound for one message "
+                               "(it was refused unread)")
+        if iopub in events:
+            for _ in range(_IOPUB_BATCH):
+                if not iopub.poll(0):
+                    break
+                client.get_iopub_msg(timeout=0)
+
+
 class RemoteStudent:
     """The judging vocabulary (:class:`rlhf_lab.judging.core.Student`) over a kernel client.
 
@@ -169,12 +263,20 @@ class RemoteStudent:
     the requests of one judged cell together: each waits only for the time left. When the deadline
     passes (a request still running, or a request made after it) ``interrupt()`` is called if the
     kernel was busy, :attr:`expired` becomes true and the request fails with :func:`deadline_message`.
+    A reply over :data:`KERNEL_REPLY_MAX_BYTES` fails the request at once with
+    :func:`too_large_message` (:func:`wait_reply`) and sets :attr:`client_broken`; when ``alive()``
+    says the kernel died instead, :class:`KernelGone` is raised.
     """
 
-    def __init__(self, client, spec, timeout: float, interrupt=None, deadline: float | None = None, trusted=None):
+    def __init__(self, client, spec, timeout: float, interrupt=None, deadline: float | None = None, trusted=None,
+                 alive=None):
         from rlhf_lab.judging import core
 
         self._client, self._spec, self._timeout, self._interrupt = client, spec, timeout, interrupt
+        #: ``alive()`` is false once the kernel process is gone (``None``: not known)
+        self._alive = alive
+        #: true once the client lost its kernel (a refused reply): it must not be used again
+        self.client_broken = False
         #: where gradients are computed (a :class:`.trusted_runtime.TrustedRuntime`); ``None``: the kernel
         self._trusted = trusted
         self.deadline = time.monotonic() + timeout if deadline is None else deadline
@@ -193,14 +295,30 @@ class RemoteStudent:
             raise self._core.GradingError(deadline_message(task, self._timeout))
         return left
 
+    def _kernel_died(self) -> bool:
+        """True when ``alive()`` turns false within :data:`GONE_GRACE` (a dead kernel disconnects
+        too); false at once without ``alive``."""
+        if self._alive is None:
+            return False
+        until = time.monotonic() + GONE_GRACE
+        while True:
+            try:
+                if not self._alive():
+                    return True
+            except Exception:  # noqa: BLE001 - unknown: the refused reply is what we saw
+                return False
+            if time.monotonic() >= until:
+                return False
+            time.sleep(0.05)
+
     def _ask(self, text: str, task: str, what: str):
         core, wire = self._core, _wire()
         left = self._time_left(task)
         asked = time.monotonic()
         try:
-            reply = self._client.execute_interactive(
-                "", silent=True, store_history=False, user_expressions={"r": f"_rlhf_judge_bridge({text!r})"},
-                timeout=left, output_hook=lambda msg: None, allow_stdin=False)
+            msg_id = self._client.execute("", silent=True, store_history=False, allow_stdin=False,
+                                          user_expressions={"r": f"_rlhf_judge_bridge({text!r})"})
+            reply = wait_reply(self._client, msg_id, time.monotonic() + left)
             self.kernel_seconds += time.monotonic() - asked
             self.requests += 1
         except TimeoutError:
@@ -208,6 +326,11 @@ class RemoteStudent:
                 self._interrupt()
             self.expired = True
             raise core.GradingError(deadline_message(task, self._timeout)) from None
+        except ReplyRefused as exc:
+            self.client_broken = True
+            if self._kernel_died():
+                raise KernelGone("the notebook's kernel stopped while the grader was waiting for its answer") from None
+            raise core.GradingError(too_large_message(task, exc)) from None
         answered, literal, detail = _expression_text(reply)
         if not answered:
             raise core.GradingError(f"{task}: the notebook's kernel could not answer the grader ({detail}); "
@@ -630,8 +753,13 @@ class JudgeCells:
             from rlhf_lab.instructor.grader import trusted_runtime  # gradients where the notebook's other code never ran
 
             student = RemoteStudent(client, spec, timeout, interrupt=self._interrupt_for_judge, deadline=deadline,
-                                    trusted=trusted_runtime.for_cell(self, index, timeout, judged_check))
-            outputs = self._decide(name, student, deadline)
+                                    trusted=trusted_runtime.for_cell(self, index, timeout, judged_check),
+                                    alive=self._kernel_alive)
+            try:
+                outputs = self._decide(name, student, deadline)
+            finally:
+                if student.client_broken:  # ZeroMQ does not reconnect it: the next judged cell gets a new one
+                    self._close_judge_client()
             fields.update(client_start=round(deadline - timeout - started, 3),
                           trusted_runtime=round(student.trusted_overhead, 3),
                           kernel=round(student.kernel_seconds, 3), requests=student.requests)
@@ -707,6 +835,15 @@ class JudgeCells:
             self._judge_client, self._judge_km = client, km
         return self._judge_client
 
+    def _kernel_alive(self) -> bool:
+        """Whether the notebook's kernel process still runs (true when that cannot be told)."""
+        km = getattr(self, "km", None)
+        if km is None:
+            return False
+        from jupyter_core.utils import run_sync
+
+        return bool(run_sync(km.is_alive)())
+
     def _interrupt_for_judge(self) -> None:
         km = getattr(self, "km", None)
         try:
@@ -720,6 +857,7 @@ class JudgeCells:
     def _close_judge_client(self) -> None:
         if self._judge_client is not None:
             try:
+                close_shell_monitor(self._judge_client)
                 self._judge_client.stop_channels()
                 self._judge_client.context.destroy(linger=0)
             except Exception:  # noqa: BLE001

@@ -8,8 +8,9 @@ student. A :class:`JudgeServer` keeps them in one long-lived process instead:
   ``recv_bytes`` and a size limit and decoded as JSON of plain data, :func:`.judge.link_recv`: never
   unpickled) in a private folder created with
   ``tempfile.mkdtemp`` (mode 0700, in the grader's ``/tmp``, outside every student folder; a
-  sandboxed kernel has its own ``/tmp`` and cannot see it), and accepts only clients that know its
-  random 32-byte key (the standard HMAC challenge of ``multiprocessing.connection``);
+  sandboxed kernel has its own ``/tmp`` and cannot see it; when nbgrader runs as the course
+  owner's account, the folder becomes 0711 and the socket that account's, :meth:`JudgeServer.grant`),
+  and accepts only clients that know its random 32-byte key (the standard HMAC challenge of ``multiprocessing.connection``);
 * its address and key reach the per-student nbgrader processes through their environment
   (:meth:`JudgeServer.env`, passed by :func:`.orchestrator.grade_submission`); the sandbox gives
   the kernel a clean environment, and :mod:`.judge` removes both variables from the nbgrader
@@ -121,6 +122,14 @@ class JudgeServer:
         self._thread.start()
         if warm:
             threading.Thread(target=self._warm, name="rlhf-judge-warm", daemon=True).start()
+
+    def grant(self, uid: int) -> None:
+        """Let ``uid`` connect (an nbgrader process run as that account): the socket becomes that
+        account's (connecting needs write access to it: no other account has it); the folder stays
+        this process's, searchable but not listable or writable by others (0711), so nothing in it
+        can be renamed or replaced."""
+        os.chmod(self.directory, 0o711)
+        os.chown(self.address, uid, -1, follow_symlinks=False)
 
     def env(self) -> dict:
         """The environment variables that point an nbgrader process at this server."""
@@ -235,6 +244,16 @@ def child_env() -> dict:
     except OSError as exc:
         log.warning("judge server could not start (%s): each student's process judges by itself", exc)
         return {}
+
+
+def grant_shared(uid: int) -> None:
+    """Let the account ``uid`` (the one nbgrader runs as) reach this process's judge server: its
+    socket, created here by this process (never a course or student path), is given to that
+    account (:meth:`JudgeServer.grant`); the key still decides who is served. Nothing without a server."""
+    with _SHARED_LOCK:
+        server = _SHARED[0] if _SHARED and _SHARED[0].pid == os.getpid() else None
+    if server is not None:
+        server.grant(uid)
 
 
 def stop_shared() -> dict:
