@@ -217,14 +217,21 @@ class ReplyRefused(Exception):
 _IOPUB_BATCH = 64
 
 
-def wait_reply(client, msg_id: str, deadline: float) -> dict:
+#: Seconds between two looks at whether the kernel still runs while a reply is awaited.
+ALIVE_EVERY = 1.0
+
+
+def wait_reply(client, msg_id: str, deadline: float, alive=None) -> dict:
     """The shell reply to ``msg_id``, waiting at most until ``deadline`` (``time.monotonic()``).
 
     One poll on the shell socket, the iopub socket (its messages are discarded, as
-    ``execute_interactive``'s ``output_hook`` did) and :func:`shell_monitor`: a reply comes back as
-    soon as it arrives; replies to other requests are skipped. Raises ``TimeoutError`` at the
-    deadline and :class:`ReplyRefused` as soon as the shell socket was disconnected (a message over
-    its ``MAXMSGSIZE``).
+    ``execute_interactive``'s ``output_hook`` did) and :func:`shell_monitor` (created before the
+    request is sent: a monitor sees only later events): a reply comes back as soon as it arrives;
+    replies to other requests are skipped. Raises ``TimeoutError`` at the deadline and
+    :class:`ReplyRefused` as soon as the shell socket was disconnected (a message over its
+    ``MAXMSGSIZE``, or a kernel that died). With ``alive``, a kernel process that is gone is noticed
+    within :data:`ALIVE_EVERY` seconds even without that event (``ReplyRefused`` too: the caller
+    tells the two apart).
     """
     import zmq
 
@@ -238,7 +245,16 @@ def wait_reply(client, msg_id: str, deadline: float) -> dict:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("no reply before the deadline")
-        events = dict(poller.poll(max(1, int(left * 1000) + 1)))
+        wait = left if alive is None else min(left, ALIVE_EVERY)
+        events = dict(poller.poll(max(1, int(wait * 1000) + 1)))
+        if not events and alive is not None:
+            try:
+                gone = not alive()
+            except Exception:  # noqa: BLE001 - unknown: keep waiting for the reply or the deadline
+                gone = False
+            if gone:
+                raise ReplyRefused("was never sent: the kernel stopped")
+            continue
         if shell in events:
             reply = client.get_shell_msg(timeout=0)
             if (reply.get("parent_header") or {}).get("msg_id") == msg_id:
@@ -316,9 +332,10 @@ class RemoteStudent:
         left = self._time_left(task)
         asked = time.monotonic()
         try:
+            shell_monitor(self._client)  # (before the request: it must see the disconnection it causes)
             msg_id = self._client.execute("", silent=True, store_history=False, allow_stdin=False,
                                           user_expressions={"r": f"_rlhf_judge_bridge({text!r})"})
-            reply = wait_reply(self._client, msg_id, time.monotonic() + left)
+            reply = wait_reply(self._client, msg_id, time.monotonic() + left, alive=self._alive)
             self.kernel_seconds += time.monotonic() - asked
             self.requests += 1
         except TimeoutError:
