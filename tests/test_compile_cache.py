@@ -133,6 +133,9 @@ def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp
     subs = write_submissions(tmp_path / "subs", {"a_spoiler": {assignment: spoiler}, "b_next": {assignment: good}})
     pipeline.collect(subs, root, [assignment])
     monkeypatch.setenv("TMPDIR", str(private_tmp))
+    # each student's nbgrader process judges by itself (as bare `nbgrader autograde` and Formgrader do),
+    # so the second one reads the compiled references the first kept in the grader's own cache
+    monkeypatch.setenv("RLHF_JUDGE_SERVER", "0")
     runs = pipeline.autograde(assignment, ["a_spoiler", "b_next"], root, own_db(root))
     assert all(r.ok for r in runs), [r.to_dict() for r in runs]
 
@@ -153,7 +156,8 @@ def test_grading_kernels_get_private_copies_a_student_cannot_spoil(tmp_path, tmp
         assert not LIBRARY_LOG.search(path.read_text(encoding="utf-8")), path
     # the checks' own compiled references are kept for the next grader process, in the course root
     # (which no kernel sees: the probe's kernel found only its private copy, outside the course)
-    assert list((root / ".cache" / "jax-grader").iterdir()), "the grader kept no compiled references"
+    grader_cache = root / ".cache" / "jax-grader"
+    assert grader_cache.is_dir() and list(grader_cache.iterdir()), "the grader kept no compiled references"
     for run in runs:  # and the grader reading them logs nothing either
         assert not LIBRARY_LOG.search(run.log_tail or ""), run.log_tail[-2000:]
 

@@ -99,12 +99,20 @@ def _shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"explorer-{name}.png"), full_page=True)
 
 
-def _press(page, slider_class: str, key: str, times: int) -> None:
+def _step(page, slider_class: str, key: str, name: str, values: list, previous_update: str) -> dict:
+    """Press ``key`` on the slider's handle once per value of ``values``, each time waiting until the
+    readout has settled on that value (as a person does: press, look). A change re-renders the widget,
+    which can take the focus away: a press sent before that went nowhere, and the run settled one step
+    short. Returns the last settled readout."""
     handle = page.locator(f".{slider_class} .noUi-handle").first
-    handle.scroll_into_view_if_needed()
-    handle.focus()
-    for _ in range(times):
+    settled = None
+    for value in values:
+        handle.scroll_into_view_if_needed()
+        handle.focus()
         page.keyboard.press(key)
+        settled = _wait_for_settled(page, name, value, previous_update)
+        previous_update = settled["update"]
+    return settled
 
 
 def _drive(page, server, rewards) -> None:
@@ -130,8 +138,8 @@ def _drive(page, server, rewards) -> None:
     spec = SPECS["beta"]
     start = round(math.log10(0.2) / spec.step) * spec.step
     expected_beta = 10 ** (start + 2 * spec.step)
-    _press(page, "ppo-beta-slider", "ArrowRight", 2)
-    after_beta = _wait_for_settled(page, "beta", expected_beta, before["update"])
+    after_beta = _step(page, "ppo-beta-slider", "ArrowRight", "beta",
+                       [10 ** (start + spec.step), expected_beta], before["update"])
     assert float(after_beta["beta"]) > float(before["beta"])
     assert _params(after_beta) == dict(_params(before), beta=float(after_beta["beta"]))
     assert after_beta["finalReward"] != before["finalReward"] and after_beta["finalKl"] != before["finalKl"]
@@ -150,9 +158,9 @@ def _drive(page, server, rewards) -> None:
     _shot(page, "2-after-beta")
 
     # epsilon: three steps left on the linear slider (step 0.01).
-    expected_eps = 0.2 - 3 * SPECS["epsilon"].step
-    _press(page, "ppo-epsilon-slider", "ArrowLeft", 3)
-    after_eps = _wait_for_settled(page, "epsilon", expected_eps, after_beta["update"])
+    after_eps = _step(page, "ppo-epsilon-slider", "ArrowLeft", "epsilon",
+                      [0.2 - k * SPECS["epsilon"].step for k in (1, 2, 3)], after_beta["update"])
+    assert math.isclose(float(after_eps["epsilon"]), 0.17, rel_tol=1e-9), after_eps
     assert float(after_eps["epsilon"]) < float(after_beta["epsilon"])
     assert _params(after_eps) == dict(_params(after_beta), epsilon=float(after_eps["epsilon"]))
     assert after_eps["finalReward"] != after_beta["finalReward"]

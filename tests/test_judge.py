@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import textwrap
 import time
@@ -307,15 +308,19 @@ def test_one_deadline_covers_all_the_requests_of_a_cell(kernel):
     _run_in(kc, "x = 1")
 
 
+@contextlib.contextmanager
 def _bounded_client(km):
-    """A client of ``km``'s kernel like the grader's own (:func:`judge.bounded_context`)."""
+    """A client of ``km``'s kernel like the grader's own (:func:`judge.bounded_context`), closed after."""
     from jupyter_client import BlockingKernelClient
 
     client = BlockingKernelClient(context=judge.bounded_context())
     client.load_connection_info(km.get_connection_info())
     client.start_channels()
-    client.wait_for_ready(timeout=60)
-    return client
+    try:
+        client.wait_for_ready(timeout=60)
+        yield client
+    finally:
+        _close(client)
 
 
 def _close(client):
@@ -337,14 +342,11 @@ def test_a_huge_answer_never_reaches_the_parser(kernel):
     try:
         message = _verdict(kernel, "test_penalized_reward", timeout=20)
         assert message and "characters long" in message, message
-        bounded = _bounded_client(km)
-        try:
+        with _bounded_client(km) as bounded:
             student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 600)
             with pytest.raises(GradingError, match="over 1,048,576 bytes, the grader's bound"):
                 student.call("penalized_reward", 1.0, 0.1, 0.5)
             assert student.client_broken and not student.expired
-        finally:
-            _close(bounded)
     finally:
         judge.install_bridge(kc)
     _run_in(kc, "x = 1")
@@ -357,13 +359,10 @@ def test_an_oversized_answer_fails_its_cell_as_too_large_and_the_next_student_is
     km, kc = kernel
     _run_in(kc, "_rlhf_judge_bridge = lambda text: 'x' * 20_000_000")
     try:
-        bounded = _bounded_client(km)
-        try:
+        with _bounded_client(km) as bounded:
             student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 600,
                                           interrupt=km.interrupt_kernel, alive=km.is_alive)
             out = judge.run_check("test_penalized_reward", student)
-        finally:
-            _close(bounded)
         assert len(out) == 1 and out[0]["ename"] == judge.FAILED
         message = out[0]["evalue"]
         assert "your code's answer to the grader was over 1,048,576 bytes" in message, message
@@ -371,13 +370,10 @@ def test_an_oversized_answer_fails_its_cell_as_too_large_and_the_next_student_is
     finally:
         judge.install_bridge(kc)
     _run_in(kc, "def penalized_reward(reward, beta, kl):\n    return reward - beta * kl\n")
-    bounded = _bounded_client(km)
-    try:
+    with _bounded_client(km) as bounded:
         student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 600, alive=km.is_alive)
         assert judge.run_check("test_penalized_reward", student) == []
         assert not student.client_broken
-    finally:
-        _close(bounded)
 
 
 def test_a_kernel_that_dies_during_a_request_is_gone_not_too_large():
@@ -389,14 +385,11 @@ def test_a_kernel_that_dies_during_a_request_is_gone_not_too_large():
     try:
         judge.install_bridge(kc)
         _run_in(kc, "import os\n_rlhf_judge_bridge = lambda text: os._exit(3)")
-        bounded = _bounded_client(km)
-        try:
+        with _bounded_client(km) as bounded:
             student = judge.RemoteStudent(bounded, CHECKS["test_penalized_reward"], 600, alive=km.is_alive)
             with pytest.raises((judge.KernelGone, Exception)) as info:
                 student.call("penalized_reward", 1.0, 0.1, 0.5)
             assert isinstance(info.value, judge.KernelGone), info.value
-        finally:
-            _close(bounded)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
