@@ -127,7 +127,8 @@ def worker(tree: Path, course: Path, request: dict) -> dict:
             return {"ok": False, "reason": run.reason, "log": run.log_tail}
         table = pipeline.read_grades(course, db)
         cells = {k: [c.score, c.max_score] for k, c in table.by_cell(STUDENT, request["assignment"]).items()}
-        return {"ok": True, "seconds": run.seconds, "cells": cells, "phases": phases(timeline.read(path) if timeline else [], run.seconds)}
+        records = timeline.read(path) if timeline else []
+        return {"ok": True, "seconds": run.seconds, "cells": cells, "phases": phases(records, run.seconds)}
     raise ValueError(request["op"])
 
 
