@@ -40,6 +40,7 @@ import os
 import re
 import secrets
 import sys
+import threading
 import time
 import weakref
 
@@ -406,6 +407,77 @@ def install_bridge(client, timeout: float = 60.0) -> None:
         raise KernelGone("the grader could not talk to the notebook's kernel")
 
 
+def connect_judge_client(connection_info: dict, timeout: float):
+    """A new client of the kernel at ``connection_info`` (its sockets bounded, :func:`bounded_context`),
+    ready (``wait_for_ready``: the kernel answered and its output channel is connected);
+    :class:`KernelGone` when the kernel does not answer within ``timeout``. The bridge is not
+    installed here: :meth:`JudgeCells._client_for_judge` installs it at the judged cell."""
+    from jupyter_client import BlockingKernelClient
+
+    client = BlockingKernelClient(context=bounded_context())
+    client.load_connection_info(connection_info)
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=timeout)
+    except (RuntimeError, TimeoutError) as exc:
+        close_client(client)
+        raise KernelGone(f"the notebook's kernel did not answer the grader ({exc})") from None
+    return client
+
+
+def close_client(client) -> None:
+    """Stop ``client``'s channels and destroy its ZeroMQ context (never raises)."""
+    try:
+        close_shell_monitor(client)
+        client.stop_channels()
+        client.context.destroy(linger=0)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class PendingClient:
+    """:func:`connect_judge_client` running in a daemon thread from construction; :meth:`take` hands
+    its client over to the calling thread (the thread has ended by then, so its sockets are the
+    caller's from there on) and :meth:`discard` closes whatever it made."""
+
+    def __init__(self, connection_info: dict, timeout: float):
+        self._client = None
+        self._lock = threading.Lock()
+        self._discarded = False
+        self._thread = threading.Thread(target=self._run, args=(connection_info, timeout),
+                                        name="judge-client", daemon=True)
+        self._thread.start()
+
+    def _run(self, connection_info, timeout) -> None:
+        try:
+            client = connect_judge_client(connection_info, timeout)
+        except Exception:  # noqa: BLE001 - the judged cell connects again and reports
+            return
+        with self._lock:
+            if self._discarded:
+                close_client(client)
+            else:
+                self._client = client
+
+    def take(self, timeout: float):
+        """The connected client, waiting up to ``timeout`` s for the thread; ``None`` when it failed
+        or is still connecting (then it is discarded)."""
+        self._thread.join(timeout)
+        with self._lock:
+            client, self._client = self._client, None
+            if client is None:
+                self._discarded = True
+        return client
+
+    def discard(self) -> None:
+        """Close the client (now, or when the thread finishes making it)."""
+        with self._lock:
+            self._discarded = True
+            client, self._client = self._client, None
+        if client is not None:
+            close_client(client)
+
+
 def run_check(name: str, student, seed: int | None = None) -> list:
     """Decide the check ``name`` with ``student``: ``[]`` (full points) or ``[error output]``."""
     from rlhf_lab.judging import CHECKS, core
@@ -721,6 +793,8 @@ class JudgeCells:
     _judge_km = None
     _judge_link = None
     _judge_link_broken = False
+    _judge_pending = None
+    _judge_pending_km = None
 
     def create_kernel_manager(self):
         """The kernel manager, told that the judge decides this notebook's tests (the sandbox then gives
@@ -734,6 +808,7 @@ class JudgeCells:
         name = judged_check(cell)
         if name is None or getattr(self, "_stopped", None) is not None:
             self._start_trusted_runtime(index)
+            self._prepare_judge_client()
             return super().preprocess_cell(cell, resources, index)
         from rlhf_lab.instructor.grader import timeline
 
@@ -832,25 +907,50 @@ class JudgeCells:
 
         return CHECKS.get(name) or Check(name=name, run=None, task=name, needs=())
 
+    def _prepare_judge_client(self) -> None:
+        """At a notebook's first cell, connect the judge's client to the kernel in a background thread
+        (:func:`connect_judge_client`) when the notebook has a judged cell: its 0.3-0.5 s of start-up
+        (ZeroMQ connections, the kernel's first reply, the quiet output channel ``wait_for_ready``
+        waits for) then overlaps the notebook's own cells instead of delaying the first judged cell;
+        the bridge is still installed at that cell. Once per kernel; the first judged cell waits for it
+        (:meth:`_client_for_judge`), and a failure there only means it connects again there."""
+        km = getattr(self, "km", None)
+        if km is None or self._judge_km is km or getattr(self, "_judge_pending_km", None) is km:
+            return
+        cells = (getattr(self, "nb", None) or {}).get("cells", [])
+        if not any(judged_check(c) for c in cells):
+            return
+        self._drop_pending_judge_client()
+        timeout = float(getattr(self, "timeout", None) or os.environ.get("RLHF_CELL_TIMEOUT", 60))
+        pending = PendingClient(km.get_connection_info(), timeout)
+        self._judge_pending, self._judge_pending_km = pending, km
+
     def _client_for_judge(self, timeout: float):
         km = getattr(self, "km", None)
         if km is None:
             raise KernelGone("the notebook's kernel is not running")
         if self._judge_km is not km or self._judge_client is None:
             self._close_judge_client()
-            from jupyter_client import BlockingKernelClient
-
-            client = BlockingKernelClient(context=bounded_context())
-            client.load_connection_info(km.get_connection_info())
-            client.start_channels()
-            try:
-                client.wait_for_ready(timeout=timeout)
+            client = None
+            pending = getattr(self, "_judge_pending", None)
+            if pending is not None and self._judge_pending_km is km:
+                self._judge_pending = self._judge_pending_km = None
+                client = pending.take(timeout)  # None: it failed or did not finish in time; connect again
+            if client is None:
+                client = connect_judge_client(km.get_connection_info(), timeout)
+            try:  # at the first judged cell, as it always was: after the cells above it ran
                 install_bridge(client, timeout)
-            except (RuntimeError, TimeoutError) as exc:
-                client.stop_channels()
+            except (RuntimeError, TimeoutError, KernelGone) as exc:
+                close_client(client)
                 raise KernelGone(f"the notebook's kernel did not answer the grader ({exc})") from None
             self._judge_client, self._judge_km = client, km
         return self._judge_client
+
+    def _drop_pending_judge_client(self) -> None:
+        pending = getattr(self, "_judge_pending", None)
+        self._judge_pending = self._judge_pending_km = None
+        if pending is not None:
+            pending.discard()
 
     def _kernel_alive(self) -> bool:
         """Whether the notebook's kernel process still runs (true when that cannot be told)."""
@@ -873,17 +973,13 @@ class JudgeCells:
 
     def _close_judge_client(self) -> None:
         if self._judge_client is not None:
-            try:
-                close_shell_monitor(self._judge_client)
-                self._judge_client.stop_channels()
-                self._judge_client.context.destroy(linger=0)
-            except Exception:  # noqa: BLE001
-                pass
+            close_client(self._judge_client)
         self._judge_client, self._judge_km = None, None
 
     def preprocess(self, nb, resources=None, km=None):
         try:
             return super().preprocess(nb, resources, km)
         finally:
+            self._drop_pending_judge_client()
             self._close_judge_client()
             self._close_judge_link()
