@@ -393,3 +393,37 @@ def test_a_kernel_that_dies_during_a_request_is_gone_not_too_large():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_client_connected_in_the_background_is_handed_over_ready(kernel):
+    """The judge connects its client while the notebook's first cells run (``PendingClient``): the
+    judged cell takes a client that answers, and installs the bridge on it as before."""
+    km, _ = kernel
+    pending = judge.PendingClient(km.get_connection_info(), 30)
+    client = pending.take(30)
+    assert client is not None
+    try:
+        judge.install_bridge(client, 30)
+        _run_in(client, "def penalized_reward(reward, beta, kl):\n    return reward - beta * kl\n")
+        student = judge.RemoteStudent(client, CHECKS["test_penalized_reward"], 60, alive=km.is_alive)
+        assert judge.run_check("test_penalized_reward", student) == []
+    finally:
+        judge.close_client(client)
+    assert pending.take(0) is None  # handed over once
+
+
+def test_a_discarded_background_client_is_closed_and_a_failed_one_is_none(kernel):
+    km, _ = kernel
+    pending = judge.PendingClient(km.get_connection_info(), 30)
+    pending._thread.join(30)
+    made = pending._client
+    assert made is not None and made.channels_running
+    pending.discard()
+    assert not made.channels_running and pending.take(0) is None
+
+    # a kernel that is not there: the thread gives up within its timeout and take() says None,
+    # so the judged cell connects again and reports the dead kernel itself
+    info = dict(km.get_connection_info())
+    info.update(shell_port=1, iopub_port=2, stdin_port=3, control_port=4, hb_port=5)
+    gone = judge.PendingClient(info, 1.0)
+    assert gone.take(30) is None
