@@ -795,6 +795,7 @@ class JudgeCells:
     _judge_link_broken = False
     _judge_pending = None
     _judge_pending_km = None
+    _judge_prepared_for = None
 
     def create_kernel_manager(self):
         """The kernel manager, told that the judge decides this notebook's tests (the sandbox then gives
@@ -915,10 +916,11 @@ class JudgeCells:
         the bridge is still installed at that cell. Once per kernel; the first judged cell waits for it
         (:meth:`_client_for_judge`), and a failure there only means it connects again there."""
         km = getattr(self, "km", None)
-        if km is None or self._judge_km is km or getattr(self, "_judge_pending_km", None) is km:
+        if km is None or self._judge_prepared_for is km:  # decided once per kernel, not per cell
             return
+        self._judge_prepared_for = km
         cells = (getattr(self, "nb", None) or {}).get("cells", [])
-        if not any(judged_check(c) for c in cells):
+        if self._judge_km is km or not any(judged_check(c) for c in cells):
             return
         self._drop_pending_judge_client()
         timeout = float(getattr(self, "timeout", None) or os.environ.get("RLHF_CELL_TIMEOUT", 60))
