@@ -427,3 +427,38 @@ def test_a_discarded_background_client_is_closed_and_a_failed_one_is_none(kernel
     info.update(shell_port=1, iopub_port=2, stdin_port=3, control_port=4, hb_port=5)
     gone = judge.PendingClient(info, 1.0)
     assert gone.take(30) is None
+
+
+def test_a_notebooks_trusted_runtime_ends_with_its_notebook(monkeypatch):
+    """nbgrader makes one ``Execute`` per notebook: the runtime the judge started for a notebook is
+    closed when that notebook ends (its process, scratch folder, uid slot and compile-cache copy),
+    not left to the garbage collector or to the end of the grader process."""
+    closed = []
+
+    class Runtime:
+        def close(self):
+            closed.append(self)
+
+    class Base:
+        def preprocess(self, nb, resources=None, km=None):
+            self._rlhf_trusted_runtime = (nb, km, Runtime())
+            return nb, resources
+
+    class Execute(judge.JudgeCells, Base):
+        pass
+
+    executor = Execute()
+    executor.preprocess({"cells": []}, {})
+    assert len(closed) == 1 and executor._rlhf_trusted_runtime is None
+
+    class Failing(Base):
+        def preprocess(self, nb, resources=None, km=None):
+            super().preprocess(nb, resources, km)
+            raise RuntimeError("the kernel died")
+
+    class FailingExecute(judge.JudgeCells, Failing):
+        pass
+
+    with pytest.raises(RuntimeError):
+        FailingExecute().preprocess({"cells": []}, {})
+    assert len(closed) == 2  # also when the notebook stopped with an error

@@ -10,6 +10,10 @@ gradient that never finishes fails on its timeout.
 """
 from __future__ import annotations
 
+import gc
+import os
+import time
+
 import jax
 import jax.numpy as jnp
 import nbformat
@@ -168,3 +172,26 @@ def test_a_library_on_pythonpath_is_put_back_on_the_isolated_runners_path(monkey
     assert tr._library_path() == ""
     monkeypatch.delenv("PYTHONPATH")
     assert tr._library_path() == ""
+
+
+def test_a_runtime_dropped_without_close_frees_its_process_and_folders(tmp_path):
+    """A runtime nobody closed (its notebook's executor was dropped) releases, when it is collected,
+    everything :meth:`close` releases: the process, its scratch folder and its compile-cache copy."""
+    runtime = tr.TrustedRuntime(cells(LOSS, "pass", test_index=1), str(tmp_path), timeout=60.0)
+    runtime.upto = 1
+    runtime.grad("loss", 1, Jax(X), Jax(W))
+    proc = runtime._proc
+    scratch = runtime._scratch.root if runtime._scratch is not None else runtime._scratch_dir
+    copy = tmp_path / "cache-copy"
+    copy.mkdir()
+    (copy / "entry").write_bytes(b"compiled")
+    runtime._cache_copy = str(copy)
+    assert proc.poll() is None and os.path.isdir(scratch)
+    del runtime
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is not None, "the runtime's process outlived it"
+    assert not os.path.exists(scratch), "its scratch folder was left behind"
+    assert not copy.exists(), "its compile-cache copy was left behind"

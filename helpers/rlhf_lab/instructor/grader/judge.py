@@ -985,3 +985,6 @@ class JudgeCells:
             self._drop_pending_judge_client()
             self._close_judge_client()
             self._close_judge_link()
+            from rlhf_lab.instructor.grader import trusted_runtime
+
+            trusted_runtime.close_for(self)  # its process, scratch and cache copy end with the notebook

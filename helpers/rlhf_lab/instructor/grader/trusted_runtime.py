@@ -534,6 +534,42 @@ class RuntimeBroken(Exception):
     """The runtime died, stopped answering or answered something unreadable."""
 
 
+class _Held:
+    """What a runtime holds outside this process: its process, scratch folder, uid slot and private
+    compile-cache copy. :meth:`release` frees all of it; it is what :meth:`TrustedRuntime.close` and
+    the finalizer of a runtime dropped without ``close()`` call (so it must not refer to the runtime)."""
+
+    __slots__ = ("proc", "scratch", "scratch_dir", "slot", "cache_copy")
+
+    def __init__(self):
+        self.proc = self.scratch = self.scratch_dir = self.slot = self.cache_copy = None
+
+    def release(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.kill()
+                proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        scratch, self.scratch = self.scratch, None
+        if scratch is not None:
+            scratch.remove()
+        folder, self.scratch_dir = self.scratch_dir, None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        slot, self.slot = self.slot, None
+        if slot is not None:
+            slot.release()
+        copy, self.cache_copy = self.cache_copy, None
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+def _held(name: str) -> property:
+    return property(lambda self: getattr(self._held, name), lambda self, value: setattr(self._held, name, value))
+
+
 class TrustedRuntime:
     """The gradients of one notebook's functions, computed where the notebook's other code never ran.
 
@@ -551,18 +587,19 @@ class TrustedRuntime:
         self.request_seconds, self.starts = 0.0, 0
         self.last_overhead, self.timed_out = 0.0, False
         self._ready, self._spawned = False, 0.0
-        self._proc = None
-        self._holder = [None]  # the process, for the finalizer (which must not hold ``self``)
-        self._slot = None
-        self._scratch = None
-        self._scratch_dir = None
-        self._cache_copy = None
+        self._held = _Held()  # released by close(), or by the finalizer when dropped without close()
         self._buffer = b""
         self._ran: list[int] = []
         self._failed: dict[int, str] = {}
         self._tampered: list[str] = []
-        weakref.finalize(self, TrustedRuntime._kill, self._holder)
+        weakref.finalize(self, self._held.release)
         _LIVE.add(self)
+
+    _proc = _held("proc")
+    _slot = _held("slot")
+    _scratch = _held("scratch")
+    _scratch_dir = _held("scratch_dir")
+    _cache_copy = _held("cache_copy")
 
     # -- the public vocabulary of a Student --------------------------------------------------------
     def grad(self, name: str, argnums, *args, **kwargs):
@@ -608,31 +645,8 @@ class TrustedRuntime:
 
     def close(self) -> None:
         """Stop the runtime (it is started again, from a fresh interpreter, when needed)."""
-        TrustedRuntime._kill([self._proc])
-        self._holder[0] = None
-        self._proc, self._buffer, self._ran, self._failed, self._ready = None, b"", [], {}, False
-        if self._scratch is not None:
-            self._scratch.remove()
-            self._scratch = None
-        if self._scratch_dir is not None:
-            shutil.rmtree(self._scratch_dir, ignore_errors=True)
-            self._scratch_dir = None
-        if self._slot is not None:
-            self._slot.release()
-            self._slot = None
-        if self._cache_copy is not None:
-            shutil.rmtree(self._cache_copy, ignore_errors=True)
-            self._cache_copy = None
-
-    @staticmethod
-    def _kill(holder) -> None:
-        proc = holder[0]
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.kill()
-                proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+        self._held.release()
+        self._buffer, self._ran, self._failed, self._ready = b"", [], {}, False
 
     # -- messages ------------------------------------------------------------------------------------
     def _failed_cells(self) -> str:
@@ -704,7 +718,6 @@ class TrustedRuntime:
         cmd, kw = self._command()
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, start_new_session=True, **kw)
-        self._holder[0] = self._proc
         self._tampered, self._ready = [], False
         self.starts += 1
         self._write({"wire": _wire_source(), "trusted": list(TRUSTED_MODULES), "forbidden": list(FORBIDDEN_EVENTS),
