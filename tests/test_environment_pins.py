@@ -121,3 +121,15 @@ def test_editable_package_imports_from_helpers_anywhere(tmp_path):
 
 def project_version() -> str:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_the_jupyter_stack_starts_without_building_iri_parsers():
+    """Every nbgrader command, the pre-flight, Formgrader and JupyterLab import jsonschema's format
+    checkers (through nbformat and jupyter-events). jsonschema 4.25+ also imports rfc3987-syntax there,
+    which builds Earley parsers (lark) at import: 1-2 s of start-up per process on a 2-core machine.
+    The pins keep it out; this fails if a pin change brings it back."""
+    probe = ("import sys, nbformat.validator, jupyter_events.validators, nbgrader.apps.autogradeapp; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rfc3987_syntax', 'lark')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"imported at start-up: {out.stdout.strip()}"
