@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import textwrap
 from pathlib import Path
 
@@ -113,6 +114,22 @@ def test_plan_keeps_what_given_code_needs_and_removes_the_rest(tmp_path):
     assert lb.plan_build(lib, ["nope"]).unknown == ("nope",)
     with pytest.raises(ValueError, match="names"):
         lb.plan_build(lib, "f")
+
+
+def test_the_dependency_graph_is_computed_once_and_again_when_a_module_changes(tmp_path, monkeypatch):
+    """Every notebook plans a build twice (its kernel and its trusted runtime): the walk of the
+    library is done once per process while its files are unchanged, and again after an edit."""
+    lib = _toy_library(tmp_path)
+    walks = []
+    real = lb._dependency_graph
+    monkeypatch.setattr(lb, "_dependency_graph", lambda trees: walks.append(1) or real(trees))
+    first = lb.plan_build(lib, ["f", "h"])
+    assert lb.plan_build(lib, ["f", "h"]) == first and len(walks) == 1
+    core = lib / "core.py"
+    core.write_text(core.read_text().replace("return f(x) + 1", "return x + 1"))  # g no longer needs f
+    os.utime(core, ns=(core.stat().st_atime_ns, core.stat().st_mtime_ns + 10**9))
+    assert lb.plan_build(lib, ["f", "h"], given={("", "g")}).removed == (("core", "f"), ("core", "h"))
+    assert len(walks) == 2
 
 
 def test_a_build_lacks_the_removed_functions_and_the_instructor_folder_and_is_reused(tmp_path):

@@ -443,11 +443,26 @@ def _resolve(pair: tuple[str, str], trees: dict[str, ast.Module], seen=None) -> 
     return pair
 
 
+#: :func:`dependency_graph` of this process, by the library's files and their (mtime, size): the
+#: kernel and the trusted runtime of every notebook plan a build, and the walk is most of a plan.
+_GRAPHS: dict[tuple, tuple[dict, dict]] = {}
+
+
 def dependency_graph(library_dir) -> tuple[dict, dict]:
     """(edges, roots): each top-level function or class -> library names it uses; roots: module ->
-    names its module-level code uses (needed whenever the module is imported)."""
+    names its module-level code uses (needed whenever the module is imported).
+
+    Computed once per process while the library's files are unchanged; the result is shared, so
+    callers read it and never modify it (as the trees of :func:`_modules`)."""
     library_dir = _require_dir(library_dir, "library_dir")
     trees = _modules(library_dir)
+    key = tuple(sorted((name, id(tree)) for name, tree in trees.items()))
+    if key not in _GRAPHS:
+        _GRAPHS[key] = _dependency_graph(trees)
+    return _GRAPHS[key]
+
+
+def _dependency_graph(trees: dict[str, ast.Module]) -> tuple[dict, dict]:
     edges: dict[tuple[str, str], set[tuple[str, str]]] = {}
     roots: set[tuple[str, str]] = set()
     roots_by_module: dict[str, set[tuple[str, str]]] = {}
