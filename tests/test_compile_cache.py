@@ -82,6 +82,51 @@ def test_private_copy_refuses_a_seed_that_does_not_verify(tmp_path, damage):
     assert list(parent.iterdir()) == [], "a refused copy left a folder"
 
 
+def test_a_copy_started_for_a_kernel_exists_at_once_and_is_complete_after_wait(tmp_path):
+    """the seed is verified before the copy starts; its entries are written while the kernel starts"""
+    seed = _fake_seed(tmp_path / "seed", ENTRIES)
+    parent = tmp_path / "copies"
+    parent.mkdir()
+    copy = compile_cache.start_private_copy(seed, parent)
+    assert copy is not None and copy.path.is_dir() and copy.path.parent == parent
+    assert copy.wait(30)
+    assert {p.name: p.read_bytes() for p in copy.path.iterdir()} == ENTRIES
+    assert {oct(p.stat().st_mode & 0o777) for p in copy.path.iterdir()} == {"0o644"}  # readable by the kernel
+    copy.remove()
+    assert list(parent.iterdir()) == []
+
+
+def test_links_planted_in_the_copy_folder_redirect_no_write(tmp_path):
+    """the kernel may write in its copy while entries arrive: a link at an entry's name or at the
+    temporary name it is written under never sends the seed's bytes anywhere else"""
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"the instructor's file")
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    (folder / "jit_a-1-cache").symlink_to(outside)
+    (folder / f".jit_b-2-cache.{os.getpid()}.part").symlink_to(outside)
+    copy = compile_cache.PrivateCopy(folder, list(ENTRIES.items()))
+    assert copy.wait(30)
+    assert outside.read_bytes() == b"the instructor's file"
+    entry = folder / "jit_a-1-cache"
+    assert not entry.is_symlink() and entry.read_bytes() == ENTRIES["jit_a-1-cache"]  # the link was replaced
+    assert not (folder / "jit_b-2-cache").exists()  # skipped: its temporary name was taken
+    copy.remove()
+    assert not folder.exists() and outside.exists()
+
+
+def test_a_seed_with_an_entry_in_a_subfolder_is_refused(tmp_path):
+    seed = _fake_seed(tmp_path / "seed", ENTRIES)
+    (seed / "sub").mkdir()
+    (seed / "sub" / "x").write_bytes(b"x")
+    manifest = json.loads((seed / compile_cache.MANIFEST).read_text())
+    manifest["files"]["sub/x"] = hashlib.sha256(b"x").hexdigest()
+    (seed / compile_cache.MANIFEST).write_text(json.dumps(manifest))
+    parent = tmp_path / "copies"
+    parent.mkdir()
+    assert compile_cache.start_private_copy(seed, parent) is None and list(parent.iterdir()) == []
+
+
 def test_kernel_env_switches_off_the_path_dependent_xla_cache():
     """the cache settings make every compilation cacheable and keys independent of the folder"""
     env = compile_cache.kernel_env("/some/where")

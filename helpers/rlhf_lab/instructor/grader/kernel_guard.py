@@ -201,6 +201,7 @@ class LimitedKernelManager(AsyncKernelManager):
 
     _kernel_pgid: int | None = None
     _cache_dir: str | None = None
+    _cache_copy = None  # the compile_cache.PrivateCopy behind _cache_dir
     _output: OutputTail | None = None
 
     @property
@@ -224,15 +225,15 @@ class LimitedKernelManager(AsyncKernelManager):
             env.update(_compile_cache_module().kernel_env(self.seed_cache_dir))
         elif self.compile_cache_root and kw.get("cwd"):
             cc = _compile_cache_module()
-            try:
-                copy = cc.private_copy(cc.seed_for_notebook_dir(self.compile_cache_root, kw["cwd"]))
+            try:  # verified now, written while the kernel starts
+                copy = cc.start_private_copy(cc.seed_for_notebook_dir(self.compile_cache_root, kw["cwd"]))
             except Exception as exc:  # noqa: BLE001 - no cache is always a safe fallback
                 self.log.warning("JAX compilation cache not used: %s", exc)
                 copy = None
             if copy is not None:
-                self._cache_dir = str(copy)
-                atexit.register(shutil.rmtree, str(copy), True)  # also if the grader stops abruptly
-                env.update(cc.kernel_env(copy))
+                self._cache_copy, self._cache_dir = copy, str(copy.path)
+                atexit.register(copy.remove)  # also if the grader stops abruptly
+                env.update(cc.kernel_env(copy.path))
         kw["env"] = env
         kw["preexec_fn"] = limits_preexec(self.kernel_memory_mb(), self.file_mb)
         kernel_cmd, kw = self.wrap_launch(list(kernel_cmd), kw)
@@ -277,9 +278,10 @@ class LimitedKernelManager(AsyncKernelManager):
         # Whatever the student's code left running in the kernel's group goes with the kernel.
         self.kill_process_group()
         self.report_kernel_output(wait=0.5)
-        if self._cache_dir:
-            shutil.rmtree(self._cache_dir, ignore_errors=True)
-            self._cache_dir = None
+        if self._cache_copy is not None:
+            self._cache_copy.remove()
+            self._cache_copy = None
+        self._cache_dir = None
         await super()._async_cleanup_resources(restart=restart)
 
 

@@ -810,6 +810,9 @@ class SandboxedKernelManager(LimitedKernelManager):
             # nothing can write into the folders cleaned below any more
             _wait_until_no_process_of(self._slot.uid)
         self.report_kernel_output(wait=0.5)
+        if self._cache_copy is not None:  # waits for the copy's writer, then deletes it
+            self._cache_copy.remove()
+            self._cache_copy = None
         if self._sandbox_cache and os.path.isdir(self._sandbox_cache):
             shutil.rmtree(self._sandbox_cache, ignore_errors=True)
         self._sandbox_cache = None

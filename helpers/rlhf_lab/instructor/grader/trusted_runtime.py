@@ -562,8 +562,12 @@ class _Held:
         if slot is not None:
             slot.release()
         copy, self.cache_copy = self.cache_copy, None
-        if copy is not None:
-            shutil.rmtree(copy, ignore_errors=True)
+        if copy is not None:  # a compile_cache.PrivateCopy (its writer is waited for), or a folder
+            remove = getattr(copy, "remove", None)
+            if remove is not None:
+                remove()
+            else:
+                shutil.rmtree(copy, ignore_errors=True)
 
 
 def _held(name: str) -> property:
@@ -767,17 +771,17 @@ class TrustedRuntime:
         if not root:
             return []
         cc = kg._compile_cache_module()
-        try:
-            copy = cc.private_copy(cc.seed_for_notebook_dir(root, os.path.realpath(self.cwd)))
+        try:  # verified now, written while the runtime starts
+            copy = cc.start_private_copy(cc.seed_for_notebook_dir(root, os.path.realpath(self.cwd)))
         except Exception:  # noqa: BLE001 - no cache is always a safe fallback
             copy = None
         if copy is None:
             return []
-        self._cache_copy = str(copy)
+        self._cache_copy = copy
         if uid >= 0:
-            _sandbox()._chown_tree(str(copy), uid, uid)
-        env.update(cc.kernel_env(copy))
-        return [str(copy)]
+            _sandbox()._chown_tree(str(copy.path), uid, uid)
+        env.update(cc.kernel_env(copy.path))
+        return [str(copy.path)]
 
     def _working_folder(self, sb, uid: int) -> tuple[str, dict]:
         """The runtime's working folder: an EMPTY private folder (the runtime never sees the notebook's
