@@ -195,3 +195,47 @@ def test_a_runtime_dropped_without_close_frees_its_process_and_folders(tmp_path)
     assert proc.poll() is not None, "the runtime's process outlived it"
     assert not os.path.exists(scratch), "its scratch folder was left behind"
     assert not copy.exists(), "its compile-cache copy was left behind"
+
+
+def test_cells_prefetched_at_the_start_are_the_ones_the_first_check_runs(run):
+    """The judge asks the runtime, when it starts, to run the cells of the notebook's first gradient
+    check while the kernel runs the notebook (``prefetch``): the check then gets the same gradient,
+    the same refusals and the same named failures as without it, and nothing is run twice."""
+    runtime = run(LOSS, "def other():\n    return 1\n")
+    runtime.start()
+    assert runtime.prefetch(["loss"], 2)
+    assert not runtime.prefetch(["loss"], 2)  # one request in flight at a time
+    got = runtime.grad("loss", 1, Jax(X), Jax(W))
+    np.testing.assert_allclose(np.asarray(got), expected(X, W), rtol=1e-6, atol=1e-7)
+    assert runtime._ran == [0] and runtime.starts == 1
+
+    rewritten = run(LOSS + "\njax.grad = lambda f, *a, **k: (lambda *x, **y: 0.0)\n")
+    rewritten.start()
+    assert rewritten.prefetch(["loss"], 1)
+    with pytest.raises(GradingError, match="no points for this gradient test"):
+        rewritten.grad("loss", 1, Jax(X), Jax(W))
+
+    failing = run("import jax.numpy as jnp\nraise ValueError('broken cell')\ndef loss(x, w):\n    return jnp.sum(w)\n")
+    failing.start()
+    assert failing.prefetch(["loss"], 1)
+    with pytest.raises(GradingError, match="broken cell"):
+        failing.grad("loss", 1, Jax(X), Jax(W))
+
+
+def test_prefetched_cells_that_never_finish_fail_the_check_on_its_timeout(run):
+    runtime = run("import time\nwhile True:\n    time.sleep(0.05)\n" + LOSS, timeout=5.0)
+    runtime.start()
+    assert runtime.prefetch(["loss"], 1)
+    with pytest.raises(GradingError, match="not computed within 5 s"):
+        runtime.grad("loss", 1, Jax(X), Jax(W))
+
+
+def test_the_gradient_checks_name_their_functions_literally():
+    """Prefetching needs the function a gradient check differentiates: every course check that asks
+    for one (``student.grad``) names it with a literal. ``test_surrogate_gradients`` asks for none:
+    only its message mentions ``jax.grad(...)``, which the text match of ``uses_grad`` counts."""
+    from rlhf_lab.judging import CHECKS
+
+    unnamed = [g for g in CHECKS if tr.uses_grad(g) and not tr.grad_names(g)]
+    assert unnamed == ["test_surrogate_gradients"], unnamed
+    assert tr.grad_names("test_seq_policy_loss") == ["policy_loss"]

@@ -51,6 +51,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import weakref
 
@@ -60,6 +61,9 @@ ENABLE_ENV = "RLHF_TRUSTED_GRADIENTS"
 START_TIMEOUT = 120.0
 #: Largest answer line read from the runtime (the wire's largest array, base64, plus framing).
 MAX_LINE = 2 * 64 * 1024 * 1024 + 65536
+#: Largest prefetch request (bytes): it waits in the pipe until the runtime has imported JAX, and a
+#: pipe holds 64 KiB, so a larger one would block the grader.
+PREFETCH_MAX_BYTES = 32 * 1024
 _SANDBOX_NAME = "rlhf_lab_course_sandbox"
 #: Runtimes of this process that may still have a process (stopped at exit).
 _LIVE: "weakref.WeakSet[TrustedRuntime]" = weakref.WeakSet()
@@ -593,6 +597,7 @@ class TrustedRuntime:
         self._ready, self._spawned = False, 0.0
         self._held = _Held()  # released by close(), or by the finalizer when dropped without close()
         self._buffer = b""
+        self._inflight: tuple[str, list[int], float] | None = None  # a prefetch whose answer is unread
         self._ran: list[int] = []
         self._failed: dict[int, str] = {}
         self._tampered: list[str] = []
@@ -651,6 +656,7 @@ class TrustedRuntime:
         """Stop the runtime (it is started again, from a fresh interpreter, when needed)."""
         self._held.release()
         self._buffer, self._ran, self._failed, self._ready = b"", [], {}, False
+        self._inflight = None
 
     # -- messages ------------------------------------------------------------------------------------
     def _failed_cells(self) -> str:
@@ -685,34 +691,82 @@ class TrustedRuntime:
     # -- the runtime's life ----------------------------------------------------------------------------
     def _prepare(self, name: str) -> None:
         """Start the runtime if needed and run the cells ``name`` needs that have not run yet."""
+        if self._proc is not None:
+            self._await_ready()
+            self._settle()
         wanted = needed_cells(self.cells, self.upto, name)
         if self._proc is not None and any(i < max(self._ran, default=-1) for i in wanted if i not in self._ran):
             self.close()  # an earlier cell is needed now: run everything again in notebook order
         self.start()
-        if not self._ready:
-            started = time.monotonic()
-            try:
-                ready = self._read(START_TIMEOUT)
-            except TimeoutError:
-                self.close()
-                raise RuntimeBroken(f"it did not start within {START_TIMEOUT:g} s") from None
-            if not ready.get("ready"):
-                self.close()
-                raise RuntimeBroken("it did not start")
-            self._ready = True
-            if self.log is not None:
-                self.log.info("trusted gradient runtime for %s ready %.1f s after it started (%.1f s waited)",
-                              self.who or self.cwd, time.monotonic() - self._spawned, time.monotonic() - started)
+        self._await_ready()
         todo = [i for i in wanted if i not in self._ran]
         if not todo:
             return
-        cells = [{"label": cell_label(self.cells, i), "source": python_source(self.cells[i].get("source", ""))}
-                 for i in todo]
-        reply = self._ask({"op": "run", "cells": cells}, self.cell_timeout * len(todo))
+        reply = self._ask({"op": "run", "cells": self._cell_sources(todo)}, self.cell_timeout * len(todo))
+        self._record_run(todo, reply)
+
+    def _cell_sources(self, indices: list[int]) -> list[dict]:
+        return [{"label": cell_label(self.cells, i), "source": python_source(self.cells[i].get("source", ""))}
+                for i in indices]
+
+    def _record_run(self, todo: list[int], reply: dict) -> None:
         self._ran += todo
         for item in reply.get("failed", []):
             self._failed[str(item.get("label"))] = str(item.get("error"))[:300]
         self._tampered += [str(t) for t in reply.get("tampered", [])]
+
+    def _await_ready(self) -> None:
+        """Read the started runtime's "ready" line (once)."""
+        if self._ready:
+            return
+        started = time.monotonic()
+        try:
+            ready = self._read(START_TIMEOUT)
+        except TimeoutError:
+            self.close()
+            raise RuntimeBroken(f"it did not start within {START_TIMEOUT:g} s") from None
+        if not ready.get("ready"):
+            self.close()
+            raise RuntimeBroken("it did not start")
+        self._ready = True
+        if self.log is not None:
+            self.log.info("trusted gradient runtime for %s ready %.1f s after it started (%.1f s waited)",
+                          self.who or self.cwd, time.monotonic() - self._spawned, time.monotonic() - started)
+
+    def prefetch(self, names, upto: int) -> bool:
+        """Have the started runtime run now, in notebook order, the cells the functions ``names`` need
+        above the test cell ``upto`` (what :meth:`grad` would run for them at that cell), without
+        waiting: the answer is read by the next request (:meth:`_settle`). The judge calls this when
+        the runtime starts, for the notebook's first gradient check, so those cells run while the
+        kernel runs the notebook. Nothing is sent when a request is already in flight, when cells
+        have run, or when the request would not fit in the pipe (the runtime reads it only once it
+        has imported JAX, and writing must not wait). True when the request was sent."""
+        if self._proc is None or self._inflight is not None or self._ran:
+            return False
+        todo = sorted(set().union(*(needed_cells(self.cells, upto, str(n)) for n in names))) if names else []
+        if not todo:
+            return False
+        token = secrets.token_hex(16)
+        line = json.dumps({"op": "run", "cells": self._cell_sources(todo), "token": token})
+        if len(line.encode("utf-8")) > PREFETCH_MAX_BYTES:
+            return False
+        self._write(json.loads(line))
+        self._inflight = (token, todo, time.monotonic() + START_TIMEOUT + self.cell_timeout * len(todo))
+        return True
+
+    def _settle(self) -> None:
+        """Read the answer to the request :meth:`prefetch` sent (``TimeoutError`` when its cells
+        outlast their time, as when :meth:`_prepare` runs them)."""
+        if self._inflight is None:
+            return
+        token, todo, deadline = self._inflight
+        self._inflight = None
+        while True:
+            reply = self._read(max(0.0, deadline - time.monotonic()))
+            if reply.get("token") == token:
+                break
+            self._tampered.append("wrote into the grader's channel")
+        self._record_run(todo, reply)
 
     def start(self) -> None:
         """Start the runtime's process (it imports JAX while the grader goes on); no-op if running."""
@@ -879,6 +933,41 @@ def uses_grad(grade_id: str) -> bool:
 _USES_GRAD: dict[str, bool] = {}
 
 
+def grad_names(grade_id: str) -> list[str]:
+    """The functions the check ``grade_id`` asks gradients of, where its source names them with a
+    literal (``student.grad("masked_nll", ...)``); [] when it names none that way."""
+    if grade_id not in _GRAD_NAMES:
+        from rlhf_lab.judging import CHECKS
+
+        spec, names = CHECKS.get(grade_id), []
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(spec.run))) if spec is not None else None
+        except (OSError, TypeError, SyntaxError):
+            tree = None
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "grad" \
+                    and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str) \
+                    and node.args[0].value not in names:
+                names.append(node.args[0].value)
+        _GRAD_NAMES[grade_id] = names
+    return _GRAD_NAMES[grade_id]
+
+
+_GRAD_NAMES: dict[str, list[str]] = {}
+
+
+def _prefetch_first_check(runtime: "TrustedRuntime", start: int, judged_check) -> None:
+    """Prefetch (:meth:`TrustedRuntime.prefetch`) the cells of the first gradient check at or below
+    cell ``start``."""
+    for index in range(start, len(runtime.cells)):
+        grade_id = judged_check(runtime.cells[index])
+        if grade_id and uses_grad(grade_id):
+            names = grad_names(grade_id)
+            if names:
+                runtime.prefetch(names, index)
+            return
+
+
 def _judged_ids(cells, start: int, judged_check) -> list[str]:
     return [n for n in (judged_check(c) for c in cells[start:]) if n]
 
@@ -911,6 +1000,7 @@ def for_cell(executor, index: int, timeout: float, judged_check):
     if runtime._proc is None and any(uses_grad(n) for n in _judged_ids(runtime.cells, index, judged_check)):
         try:
             runtime.start()
+            _prefetch_first_check(runtime, index, judged_check)
         except Exception as exc:  # noqa: BLE001 - the first gradient request reports it to the student
             runtime.close()
             if runtime.log is not None:
