@@ -958,14 +958,16 @@ _GRAD_NAMES: dict[str, list[str]] = {}
 
 def _prefetch_first_check(runtime: "TrustedRuntime", start: int, judged_check) -> None:
     """Prefetch (:meth:`TrustedRuntime.prefetch`) the cells of the first gradient check at or below
-    cell ``start``."""
+    cell ``start`` that names its functions (:func:`grad_names`). A check before it that names none
+    is passed over: ``uses_grad`` also counts a check whose text merely mentions ``.grad(``, and one
+    that does ask, with a computed name, only costs a re-run when it needs an earlier cell."""
     for index in range(start, len(runtime.cells)):
         grade_id = judged_check(runtime.cells[index])
         if grade_id and uses_grad(grade_id):
             names = grad_names(grade_id)
             if names:
                 runtime.prefetch(names, index)
-            return
+                return
 
 
 def _judged_ids(cells, start: int, judged_check) -> list[str]:
