@@ -149,6 +149,16 @@ def _course_module(filename, name):
     return sys.modules[name]
 
 
+# Run as root on a root-owned course, grading and feedback never run with root's power
+# (rlhf_lab/instructor/confine.py): the machine read-only except autograded/, feedback/, integrity/,
+# .cache/ and the gradebook, uid 0 without the machine's capabilities. `nbgrader autograde` and
+# `nbgrader generate_feedback` typed by hand start again in that confinement before doing anything,
+# and Formgrader's Autograde and Generate Feedback buttons run their step as such a subprocess. The
+# course's commands confine their own nbgrader runs. As any other account, nothing changes.
+_confine = _course_module("confine.py", "rlhf_lab_course_confine")
+_confine.reexec_if_needed(_root, db_url=_db)
+_confine.confine_formgrader(_db)
+
 _kernel_guard = _course_module("grader/kernel_guard.py", "rlhf_lab_course_kernel_guard")
 # Every grading kernel runs in a bubblewrap sandbox (docs/sandbox.md): own PID namespace, no network,
 # only its notebook folder writable, the notebook's library build read-only. Without bwrap grading

@@ -85,7 +85,7 @@ def test_a_root_owned_course_run_by_root_says_so_once(tmp_path, capsys, monkeypa
     assert course.account_for_course(tmp_path) == (None, None)
     assert course.account_for_course(tmp_path) == (None, None)
     err = capsys.readouterr().err
-    assert err.count("grading runs as root") == 1 and f"chown -R <instructor> {tmp_path}" in err
+    assert err.count("grading and feedback run confined") == 1 and f"chown -R <instructor> {tmp_path}" in err
 
 
 # ------------------------------------------------------------------------------------------------

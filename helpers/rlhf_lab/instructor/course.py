@@ -5,7 +5,8 @@ its course id, its gradebook URL and nbgrader's folder layout (read from ``nbgra
 by :meth:`Course.load`), and answers the questions every step asks: which assignments are graded,
 which students submitted, the environment and command line of an nbgrader subprocess.
 
-This is the lowest layer of the instructor package: it imports nothing else of it. The pipeline,
+This is the lowest layer of the instructor package: it imports nothing else of it but :mod:`.confine`
+(standard library only). The pipeline,
 the executors, the run records, the pre-flight, backup, guides and the feedback command build a
 :class:`Course` once (or take one) instead of resolving ``root=None`` again in every function.
 
@@ -24,6 +25,8 @@ import time
 import urllib.parse
 from pathlib import Path
 from typing import Sequence
+
+from . import confine
 
 COURSE_ID = "rlhf-ppo"
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -209,8 +212,10 @@ def account_reach(account: Account, root, db_url: str | None = None) -> str | No
     return _REACHES[key]
 
 
-ROOT_NOTICE = ("note: grading runs as root because the course root {root} is owned by root; to grade as an "
-               "unprivileged account, give the course root to an instructor account (chown -R <instructor> {root})")
+ROOT_NOTICE = ("note: the course root {root} is owned by root: grading and feedback run confined (uid 0 without "
+               "the machine's capabilities, writing only autograded/, feedback/, integrity/, .cache/ and the "
+               "gradebook); to grade as an unprivileged account, give the course root to an instructor account "
+               "(chown -R <instructor> {root})")
 _NOTICE_SHOWN: set = set()
 
 
@@ -279,6 +284,23 @@ def nbgrader_command() -> list[str]:
     return [sys.executable, str(Path(__file__).with_name("classrun") / "nbgrader_cli.py")]
 
 
+def confine_if_root(cmd: Sequence[str], root, db_url: str | None = None) -> tuple[list[str], str | None]:
+    """``(command, refusal)``: ``cmd`` (an nbgrader command line, possibly after a ``setpriv`` prefix)
+    run confined (:mod:`.confine`) when this process is root, the course root is root's and the
+    subcommand grades or writes feedback; unchanged otherwise. The refusal is one line when the
+    confinement cannot be built (no bubblewrap)."""
+    cmd, base = [str(c) for c in cmd], nbgrader_command()
+    start = next((i for i in range(len(cmd)) if cmd[i:i + len(base)] == base), None)
+    sub = cmd[start + len(base)] if start is not None and len(cmd) > start + len(base) else ""
+    if not confine.needed(root, sub):
+        return cmd, None
+    try:
+        return cmd[:start] + confine.confined_command(cmd[start:], root, student=confine.student_of(cmd),
+                                                      db_url=db_url), None
+    except (OSError, RuntimeError) as exc:
+        return cmd, f"not grading: {exc}"
+
+
 def run_nbgrader(args: Sequence[str], root=None, db_url: str | None = None,
                  timeout: float | None = None, extra_env: dict | None = None,
                  started=None) -> CommandRun:
@@ -296,8 +318,10 @@ def run_nbgrader(args: Sequence[str], root=None, db_url: str | None = None,
     cmd = [*nbgrader_command(), *map(str, args)]
     start = time.perf_counter()
     account, refusal = account_for_course(root, db_url)
+    if account is None and not refusal:
+        cmd, refusal = confine_if_root(cmd, root, db_url)
     if refusal:
-        return CommandRun(list(cmd[1:]), 1, 0.0, f"[{COMMAND_APP} | ERROR] {refusal}\n")
+        return CommandRun([*nbgrader_command()[1:], *map(str, args)], 1, 0.0, f"[{COMMAND_APP} | ERROR] {refusal}\n")
     env, kwargs = nbgrader_env(root, db_url, extra_env), {}
     if account is not None:
         env, kwargs = account.env(env), account.popen_kwargs()
@@ -321,7 +345,8 @@ def run_nbgrader(args: Sequence[str], root=None, db_url: str | None = None,
         kill_group(proc)
         proc.communicate()
         raise
-    return CommandRun(list(cmd[1:]), proc.returncode, time.perf_counter() - start, output, timed_out)
+    return CommandRun([*nbgrader_command()[1:], *map(str, args)], proc.returncode, time.perf_counter() - start,
+                      output, timed_out)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Sequence, TextIO
 
 from . import records
 from ..course import (COMMAND_APP, DEFAULT_STUDENT_TIMEOUT, CommandRun, Course, CourseError, account_for_course,
-                     is_sqlite, log_lines, nbgrader_command)
+                      confine_if_root, is_sqlite, log_lines, nbgrader_command)
 
 SQLITE_BUSY_TIMEOUT = 300.0  # seconds a SQLite writer waits for the lock before giving up
 
@@ -244,6 +244,9 @@ def grade_submission(spec: TaskSpec, student: str) -> dict:
     returncode: int | None = None
     timed_out = False
     account, refusal = account_for_course(course.root, spec.db_url)
+    shown = cmd
+    if account is None and not refusal:
+        cmd, refusal = confine_if_root(cmd, course.root, spec.db_url)
     env, as_account = course.env(spec.db_url, extra_env), {}
     if account is not None:
         env, as_account = account.env(env), account.popen_kwargs()
@@ -252,7 +255,8 @@ def grade_submission(spec: TaskSpec, student: str) -> dict:
 
             judge_server.grant_shared(account.uid)
     with open(log_file, "w", encoding="utf-8", errors="replace") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
+        log.write("$ " + " ".join(shown) + ("\n(confined: see rlhf_lab.instructor.confine)" if cmd != shown else "")
+                  + "\n")
         log.flush()
         if refusal:  # nothing runs: the one line says what to chown
             log.write(f"[{COMMAND_APP} | ERROR] {refusal}\n")
