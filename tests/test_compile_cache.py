@@ -222,3 +222,47 @@ def test_copies_left_by_a_killed_grader_are_swept_but_fresh_ones_stay(tmp_path):
     os.utime(old, (hours_ago, hours_ago))
     assert compile_cache.sweep_stale_copies(tmp_path) == 1
     assert not old.exists() and recent.exists()
+
+
+SEED_PROBE = '''
+import errno, json, os
+root = {root!r}
+found = {{"uid": os.getuid(), "course files visible": [n for n in ("gradebook.db", "nbgrader_config.py", "source")
+                                                      if os.path.exists(os.path.join(root, n))]}}
+for name in ("source/PWNED", "nbgrader_config.py", "gradebook.db", "/etc/rlhf-seed-pwned"):
+    path = name if name.startswith("/") else os.path.join(root, name)
+    try:
+        with open(path, "a"):
+            pass
+        found[name] = "written"
+    except OSError as exc:
+        found[name] = errno.errorcode[exc.errno]
+with open(os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "probe.json"), "w") as fh:
+    json.dump(found, fh)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_the_seed_builder_runs_source_notebooks_in_the_sandbox(tmp_path, monkeypatch):
+    """Were ``source/`` ever overwritten (say through a planted link), the seed builder would run the
+    attacker's code: it must run where the course's files do not exist and nothing outside the
+    seed's cache folder is writable, as an unprivileged id when the grader is root. The probe
+    notebook reports from inside through the one folder it may write (the seed keeps the file)."""
+    monkeypatch.delenv("RLHF_NO_SANDBOX", raising=False)
+    root = tmp_path / "course"
+    (root / "source" / "a9_probe").mkdir(parents=True)
+    for name in ("nbgrader_config.py", "gradebook.db"):
+        (root / name).write_text("# kept\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SEED_PROBE.format(root=str(root)))])
+    nbformat.write(nb, root / "source" / "a9_probe" / "01_probe.ipynb")
+    result = compile_cache.ensure_seed(root, "a9_probe", force=True)
+    assert not result.problem, result.problem
+    found = json.loads((result.path / "probe.json").read_text())
+    assert found["course files visible"] == [], found
+    assert "written" not in {found[k] for k in ("source/PWNED", "nbgrader_config.py", "gradebook.db",
+                                                "/etc/rlhf-seed-pwned")}, found
+    if os.geteuid() == 0:
+        assert found["uid"] != 0, found
+    assert not (root / "source" / "PWNED").exists() and not Path("/etc/rlhf-seed-pwned").exists()
+    assert (root / "gradebook.db").read_text() == "# kept\n"
