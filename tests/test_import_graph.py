@@ -10,7 +10,8 @@ Layers, lowest first (a module may import its own layer and the ones below):
    ``sequences``, ...)
 1. ``judging``: the hidden tests' logic, by grade id
 2. ``grading``: the in-kernel side of a hidden test cell
-3. ``instructor.course``: the course object every instructor layer is handed
+3. ``instructor.course``: the course object every instructor layer is handed, and ``instructor.confine``
+   (standard library only: how grading runs confined as root on a root-owned course; ``course`` uses it)
 4. ``instructor.grader``: grading one submission, the grader's side of the sandbox
 5. ``instructor.authoring``: the source notebooks and their lint rules
 6. ``instructor.classrun``: running a class (records, orchestrator, executors, pipeline, parallel; inside it
@@ -18,8 +19,8 @@ Layers, lowest first (a module may import its own layer and the ones below):
 7. ``instructor.operations``: the instructor's week (exchange, LMS, roster, release, feedback, export)
 8. the front ends: ``rlhf_lab.instructor`` itself (re-exports the pipeline) and ``rlhf_lab.demo``
 
-Every module of ``rlhf_lab.instructor`` lives in one of these subpackages (or is ``course`` or
-``authoring``): a new module is placed on purpose.
+Every module of ``rlhf_lab.instructor`` lives in one of these subpackages (or is ``course``,
+``confine`` or ``authoring``): a new module is placed on purpose.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ LAYER_NAMES = {CORE: "core", JUDGING: "judging", GRADING: "grading", COURSE: "in
                OPERATIONS: "instructor.operations", FRONT: "front end"}
 
 #: ``rlhf_lab.instructor.<part>`` -> its layer (a module or a subpackage).
-INSTRUCTOR_PARTS = {"course": COURSE, "grader": GRADER, "authoring": AUTHORING, "classrun": CLASSRUN,
+INSTRUCTOR_PARTS = {"course": COURSE, "confine": COURSE, "grader": GRADER, "authoring": AUTHORING, "classrun": CLASSRUN,
                     "operations": OPERATIONS}
 
 
