@@ -407,3 +407,20 @@ def test_formgrader_buttons_as_root_run_confined(probed_class, monkeypatch):
     assert {r["argv"][0] for r in found} == {"autograde", "generate_feedback"}
     assert all(r["pid"] != os.getpid() for r in found)
     assert 0 < totals(db, a1)["ben"][0] < totals(db, a1)["ben"][1]
+
+
+def test_what_the_course_roots_links_point_to_is_read_only_but_never_hides_a_writable_folder(tmp_path):
+    root, exchange = tmp_path / "course", tmp_path / "srv-exchange"
+    (root / "source").mkdir(parents=True)
+    exchange.mkdir()
+    for name, target in (("exchange", exchange), ("up", Path("/")), ("parent", tmp_path),
+                         ("src", root / "source"), ("out", root / "autograded")):
+        (root / name).symlink_to(target)
+    (root / "autograded").mkdir()
+    args = confine.bind_args(str(root), None, "autograde")
+    ro = [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"]
+    rw = [args[i + 1] for i, a in enumerate(args) if a == "--bind"]
+    assert str(exchange) in ro  # the instructor's exchange behind a link: read-only
+    assert ro.count("/") == 1 and str(tmp_path) not in ro  # a link to a parent would hide the course root
+    assert str(root / "source") in ro and str(root / "autograded") not in ro and str(root) in rw
+    assert args.index("/") < min(args.index(p) for p in rw)  # / read-only first, the writable folders over it

@@ -106,8 +106,8 @@ OUTPUT_DIRS = {"autograde": "autograded", "generate_feedback": "feedback"}
 def bind_args(root: str, student: str | None = None, subcommand: str = "", db_url: str | None = None,
               temp_dirs=("/tmp", "/var/tmp")) -> list[str]:
     """bubblewrap's arguments for the first stage (see the module docstring). Only real folders and
-    files are bound; a link among the course root's entries is bound read-only as the link's own
-    path never is writable. The output folder of the other subcommand is read-only (autograde
+    files are bound; for a link among the course root's entries, what it points to is bound
+    read-only (unless that is inside the course root, or holds a writable folder). The output folder of the other subcommand is read-only (autograde
     never writes ``feedback/``, feedback never writes ``autograded/``); with a ``student``, only
     that student's folder of this subcommand's output is writable (created first when missing, as
     a real folder). A SQLite gradebook outside the course root gets its folder writable (SQLite
@@ -134,7 +134,9 @@ def bind_args(root: str, student: str | None = None, subcommand: str = "", db_ur
         # the link itself sits in the writable root folder, and stage two puts it back if replaced
         target = os.path.realpath(path)
         inside = [os.path.join(root, w) for w in writable] + [root]
-        if os.path.exists(target) and not any(target == d or target.startswith(d + os.sep) for d in inside):
+        rw = [args[i + 1] for i, a in enumerate(args) if a == "--bind"]  # never hidden under a read-only parent
+        if (os.path.exists(target) and not any(target == d or target.startswith(d + os.sep) for d in inside)
+                and not any((d + os.sep).startswith(target.rstrip(os.sep) + os.sep) for d in rw)):
             args += ["--ro-bind", target, target]
     for inside in READONLY_INSIDE:
         path = os.path.join(root, inside)
