@@ -135,9 +135,10 @@ def test_log_lines_of_the_subprocess_keep_their_level():
 
 # --------------------------------------------------------------------------- the confinement itself
 #: What a grader that follows a planted link could write, relative to the course root (ada is the
-#: student being graded, zed a classmate); ``+`` marks what grading must still be able to write.
+#: student being graded, zed a classmate); ``+`` marks what grading must still be able to write
+#: (ada's submitted folder: the pre-flight moves what must not run out of it).
 TARGETS = {
-    "source/PROBE": "-", "release/PROBE": "-", "nbgrader_config.py": "-", "submitted/ada/PROBE": "-",
+    "source/PROBE": "-", "release/PROBE": "-", "nbgrader_config.py": "-", "submitted/ada/PROBE": "+",
     "submitted/zed/PROBE": "-", "autograded/zed/PROBE": "-", "feedback/zed/PROBE": "-",
     ".cache/jax-compile-seed/PROBE": "-", "exchange/PROBE": "-", "planted-link-to-source": "-",
     "autograded/ada/PROBE": "+", "integrity/PROBE": "+", ".cache/PROBE": "+", "gradebook.db": "+",
@@ -158,6 +159,7 @@ PROBE = textwrap.dedent('''
     out["/tmp"] = attempt("/tmp/rlhf-confine-probe-%d" % os.getpid())
     out["uid_map"] = open("/proc/self/uid_map").read().split()
     out["marked"] = os.environ.get("RLHF_CONFINED")
+    out["ipythondir"] = os.environ.get("IPYTHONDIR")
     try:
         open(os.path.join(root, "private-of-1001")).read()
         out["private"] = "read"
@@ -201,6 +203,9 @@ def probe_course(root: Path) -> Path:
 @needs_bwrap
 def test_the_confined_command_writes_only_what_grading_writes(tmp_path, monkeypatch):
     monkeypatch.delenv(confine.ENV_MARK, raising=False)
+    scratch = tmp_path / "tmpdir"  # this test's own temporary folder: other tests' confinements use /tmp
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     root = probe_course(tmp_path / "course")
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
     cmd, refusal = course.confine_if_root([*course.nbgrader_command(), "autograde", "a1", "--student=ada"], root)
@@ -220,6 +225,7 @@ def test_the_confined_command_writes_only_what_grading_writes(tmp_path, monkeypa
     assert out["/etc"] == out["/usr/lib"] == "EROFS" and out["/tmp"] == "written"
     assert out["uid_map"] == ["0", "0", "1", str(base), str(base), str(confine.UID_SPAN)]
     assert out["marked"] == "1"
+    assert out["ipythondir"].startswith(str(scratch / "rlhf-confined-"))  # the home folder checked below
     assert out["private"] == "EACCES"  # root inside has no power over an unmapped account's file
     assert out["remount"] == -1 and out["umount"] == -1
     assert out["setuid_slot"] == 0 and out["setuid_other"] == 1
@@ -229,7 +235,7 @@ def test_the_confined_command_writes_only_what_grading_writes(tmp_path, monkeypa
             assert path.read_bytes() == data, path
     assert {p.name for p in (root / "source").iterdir()} == {"x.ipynb"}
     assert (root / "NEW-TOP-LEVEL-ENTRY").exists()  # the course root's folder stays writable (SQLite's journal)
-    assert not any(Path("/tmp").glob("rlhf-confined-*")), "the confinement's home folder is removed"
+    assert not any(scratch.glob("rlhf-confined-*")), "the confinement's home folder is removed"
 
 
 @as_root
@@ -249,19 +255,21 @@ def test_config_a_confined_run_leaves_in_the_course_root_is_removed(tmp_path, mo
         os.unlink(os.path.join(root, "planted-link-to-source"))  # the instructor's link, replaced
         os.makedirs(os.path.join(root, "planted-link-to-source", "evil"))
         open(os.path.join(root, "feedback", "zed", "page.html"), "w").write("feedback is this step's output\\n")
+        open(os.path.join(root, "autograded", "zed", "swept"), "w").write("planted files are swept out\\n")
         try:
-            open(os.path.join(root, "autograded", "zed", "x"), "w")
+            open(os.path.join(root, "submitted", "zed", "x"), "w")
         except OSError as exc:
-            print("autograded:", exc.strerror)
+            print("submitted:", exc.strerror)
     ''')
     done = subprocess.run(cmd[:stage2 + 5] + [sys.executable, "-c", plant, str(root)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "autograded: Read-only file system" in done.stdout  # feedback never writes autograded/
+    assert "submitted: Read-only file system" in done.stdout  # feedback never writes submitted/
     for name in ("nbgrader_config.json", ".jupyter", "jupyter_server_config.py"):
         assert not os.path.lexists(root / name), name
         assert f"confinement: removed {root / name}" in done.stderr
     assert (root / "grades.csv").exists() and (root / "feedback" / "zed" / "page.html").exists()
+    assert (root / "autograded" / "zed" / "swept").exists()
     link = root / "planted-link-to-source"
     assert link.is_symlink() and os.readlink(link) == str(root / "source" / "PROBE-THROUGH-LINK")
     assert f"confinement: {link} was replaced while grading: the link is put back" in done.stderr
@@ -299,8 +307,8 @@ def assert_all_confined(found: list[dict]) -> None:
         assert record["marked"] == "1", record
         writes = dict(record["writes"])
         if not any(a.startswith("--student") for a in record["argv"]):  # a class-wide step writes every
-            out = confine.OUTPUT_DIRS[record["argv"][0]]                # student's folder of its output
-            assert writes.pop(f"{out}/zed/PROBE") == "written", record
+            for out in confine.STUDENT_DIRS[record["argv"][0]]:         # student's folder it writes at all
+                assert writes.pop(f"{out}/zed/PROBE") == "written", record
         assert set(writes.values()) == {"EROFS"}, record
 
 

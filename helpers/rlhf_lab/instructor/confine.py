@@ -6,12 +6,14 @@ and feedback steps (``autograde``, ``generate_feedback``) then run in a confinem
 
 * **A read-only machine.** bubblewrap (run as the real root, no user namespace yet) binds ``/``
   read-only and makes writable only what the step writes: the course root's folder itself (SQLite
-  creates its journal next to the gradebook), ``autograded/``, ``feedback/``, ``integrity/``,
+  creates its journal next to the gradebook), the students' folders it writes (below), ``integrity/``,
   ``.cache/`` (library builds, the judge's XLA cache) and the gradebook's files, the temporary
   folders where kernels get their scratch, ``/dev`` and ``/proc``. Every other entry of the
-  course root is bound read-only over itself: ``source/``, ``release/``, ``submitted/``, the
-  exchange, ``nbgrader_config.py``, the compile-cache seeds and anything not listed. With a
-  student, only that student's ``autograded/<student>`` (or ``feedback/<student>``) is writable.
+  course root is bound read-only over itself: ``source/``, ``release/``, the exchange,
+  ``nbgrader_config.py``, the compile-cache seeds and anything not listed. Of the students'
+  folders, autograde writes ``autograded/`` and ``submitted/`` (the pre-flight quarantines from
+  it), feedback writes ``feedback/`` and ``autograded/`` (planted files are swept out of it);
+  with a student, only that student's folder in each is writable.
 * **No capability of the machine.** Inside, :func:`main` forks a child into a new user namespace
   and mount namespace; the parent, still root of the machine, writes the child's id maps: uid and
   gid 0 and the kernels' id range (``uid_base`` .. ``uid_base + span``) map to themselves, nothing
@@ -99,19 +101,28 @@ def sqlite_path(db_url: str | None) -> str | None:
     return os.path.abspath(str(db_url)[len("sqlite:///"):].split("?", 1)[0]) or None
 
 
-#: The folder each confined subcommand writes its per-student output in (the other one is read-only).
-OUTPUT_DIRS = {"autograde": "autograded", "generate_feedback": "feedback"}
+#: The per-student folders each confined subcommand writes: its output, and where the pre-flight or
+#: the planted-file sweep moves what a student left (autograde quarantines from ``submitted/``,
+#: feedback sweeps ``autograded/`` before rendering it). Any other such folder is read-only.
+STUDENT_DIRS = {"autograde": ("autograded", "submitted"), "generate_feedback": ("feedback", "autograded")}
+#: The folder each confined subcommand writes its output in.
+OUTPUT_DIRS = {sub: dirs[0] for sub, dirs in STUDENT_DIRS.items()}
+#: Folders of students' files; read-only in a confined step unless :data:`STUDENT_DIRS` names them.
+PER_STUDENT = ("autograded", "feedback", "submitted")
 
 
 def bind_args(root: str, student: str | None = None, subcommand: str = "", db_url: str | None = None,
               temp_dirs=("/tmp", "/var/tmp")) -> list[str]:
     """bubblewrap's arguments for the first stage (see the module docstring). Only real folders and
     files are bound; for a link among the course root's entries, what it points to is bound
-    read-only (unless that is inside the course root, or holds a writable folder). The output folder of the other subcommand is read-only (autograde
-    never writes ``feedback/``, feedback never writes ``autograded/``); with a ``student``, only
-    that student's folder of this subcommand's output is writable (created first when missing, as
-    a real folder). A SQLite gradebook outside the course root gets its folder writable (SQLite
-    writes its journal beside it)."""
+    read-only (unless that is inside the course root, or holds a writable folder).
+
+    Of the students' folders (:data:`PER_STUDENT`), the step writes only those :data:`STUDENT_DIRS`
+    names (autograde never writes ``feedback/``, feedback never writes ``submitted/``); with a
+    ``student``, only that student's folder in each (its output folder created first when missing,
+    as a real folder). When that student's entry is not a real folder (a link the pre-flight moves
+    out), the whole folder stays writable so it can be moved. A SQLite gradebook outside the course
+    root gets its folder writable (SQLite writes its journal beside it)."""
     root = os.path.abspath(root)
     args = ["--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--bind", "/proc", "/proc"]
     extra = [os.environ.get("TMPDIR", ""), os.environ.get("RLHF_SANDBOX_SCRATCH_DIR", "")]
@@ -122,7 +133,8 @@ def bind_args(root: str, student: str | None = None, subcommand: str = "", db_ur
     if db and not (db + os.sep).startswith(root + os.sep) and _real_dir(os.path.dirname(db)):
         args += ["--bind", os.path.dirname(db), os.path.dirname(db)]
     args += ["--bind", root, root]
-    writable = set(WRITABLE_ENTRIES) - {out for sub, out in OUTPUT_DIRS.items() if sub != subcommand}
+    mine = STUDENT_DIRS.get(subcommand, ())
+    writable = (set(WRITABLE_ENTRIES) - set(PER_STUDENT)) | set(mine)
     for name in sorted(os.listdir(root)):
         path = os.path.join(root, name)
         if name in writable:
@@ -142,16 +154,19 @@ def bind_args(root: str, student: str | None = None, subcommand: str = "", db_ur
         path = os.path.join(root, inside)
         if _real_dir(path):
             args += ["--ro-bind", path, path]
-    top = os.path.join(root, OUTPUT_DIRS[subcommand]) if subcommand in OUTPUT_DIRS else ""
-    if top and not os.path.lexists(top):
-        os.mkdir(top, 0o755)
-    if student and top and _real_dir(top):
-        mine = os.path.join(top, student)
-        if not os.path.lexists(mine):
-            os.mkdir(mine, 0o755)
-        args += ["--ro-bind", top, top]
-        if _real_dir(mine):
-            args += ["--bind", mine, mine]
+    for k, name in enumerate(mine):
+        top = os.path.join(root, name)
+        if k == 0 and not os.path.lexists(top):
+            os.mkdir(top, 0o755)
+        if not (student and _real_dir(top)):
+            continue
+        folder = os.path.join(top, student)
+        if k == 0 and not os.path.lexists(folder):
+            os.mkdir(folder, 0o755)
+        if _real_dir(folder):
+            args += ["--ro-bind", top, top, "--bind", folder, folder]
+        elif not os.path.lexists(folder):
+            args += ["--ro-bind", top, top]
     return args
 
 

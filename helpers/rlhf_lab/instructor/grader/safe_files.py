@@ -466,10 +466,12 @@ def _copy_level(src_fd, dst_fd, src_top, rel, ignore, keep_special, refused, bud
 def move_aside(path, dest_dir) -> str | None:
     """Move ``path`` (a link, a FIFO, any entry, never its target) into ``dest_dir``; the new path.
 
-    Only ``rename`` is used: the entry moves as it is. Across file systems a link or a special file
-    is removed instead (None returned); a regular file or folder is copied with
-    :func:`copy_tree_safely` / :func:`copy_file_safely` (links kept as links) and then removed.
-    An existing entry of the same name in ``dest_dir`` is replaced.
+    Only ``rename`` is used: the entry moves as it is. Across file systems (or mounts: a confined
+    step sees each student's folder as its own mount) a link or a special file is removed instead
+    (None returned); a regular file or folder is copied with :func:`copy_tree_safely` /
+    :func:`copy_file_safely` (links kept as links) and then removed; one the copy refuses (over
+    :data:`MAX_FILE_BYTES`, say a sparse file, or a folder over :data:`MAX_TOTAL_BYTES`) is removed
+    without a copy (None). An existing entry of the same name in ``dest_dir`` is replaced.
     """
     import shutil
 
@@ -490,11 +492,17 @@ def move_aside(path, dest_dir) -> str | None:
             raise
     st = os.lstat(path)
     if stat.S_ISDIR(st.st_mode):
-        copy_tree_safely(path, dest, keep_special=True)
+        try:
+            copy_tree_safely(path, dest, keep_special=True)
+        except UnsafeFileError:
+            dest = None  # too big to keep a copy of: removed
         shutil.rmtree(path)
         return dest
     if stat.S_ISREG(st.st_mode):
-        copy_file_safely(path, dest, max_links=None)
+        try:
+            copy_file_safely(path, dest, max_links=None)
+        except UnsafeFileError:
+            dest = None
         os.unlink(path)
         return dest
     os.unlink(path)  # never copy a link or a special file as its target
