@@ -9,6 +9,7 @@ loads it.
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -280,6 +281,31 @@ def test_move_aside_moves_the_link_itself(course, tmp_path):
     assert os.readlink(tmp_path / "quarantine" / "notes.txt") == str(secret)
     assert (tmp_path / "quarantine" / "pipe").is_fifo() and secret.read_text() == SECRET
     assert sorted(os.listdir(folder)) == ["answer.ipynb"]
+
+
+def test_move_aside_across_mounts_copies_what_is_bounded_and_removes_the_rest(course, tmp_path, monkeypatch):
+    """A confined step sees a student's folder as its own mount: ``rename`` into ``integrity/`` gives
+    EXDEV there. A small file is copied then removed; a link is removed, never copied as its
+    target; a sparse file over the bound is removed, never inflated."""
+    root, folder, secret = course
+    (folder / "notes.txt").write_text("mine")
+    os.symlink(secret, folder / "link.txt")
+    with open(folder / "weights.bin", "wb") as fh:
+        fh.truncate(safe_files.MAX_FILE_BYTES + 1)
+    (folder / "big").mkdir()
+    with open(folder / "big" / "w.bin", "wb") as fh:
+        fh.truncate(safe_files.MAX_FILE_BYTES + 1)
+
+    def no_rename(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+    monkeypatch.setattr(safe_files.os, "rename", no_rename)
+    dest = tmp_path / "quarantine"
+    assert safe_files.move_aside(folder / "notes.txt", dest) == str(dest / "notes.txt")
+    assert (dest / "notes.txt").read_text() == "mine"
+    for name in ("link.txt", "weights.bin", "big"):
+        assert safe_files.move_aside(folder / name, dest) is None, name
+        assert not os.path.lexists(dest / name), name
+    assert sorted(os.listdir(folder)) == ["answer.ipynb"] and secret.read_text() == SECRET
 
 
 @pytest.mark.parametrize("path, student", [
