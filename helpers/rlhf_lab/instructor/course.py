@@ -213,8 +213,8 @@ def account_reach(account: Account, root, db_url: str | None = None) -> str | No
 
 
 ROOT_NOTICE = ("note: the course root {root} is owned by root: grading and feedback run confined (uid 0 without "
-               "the machine's capabilities, writing only autograded/, feedback/, integrity/, .cache/ and the "
-               "gradebook); to grade as an unprivileged account, give the course root to an instructor account "
+               "the machine's capabilities, writing only the students' folders the step writes, integrity/, "
+               ".cache/ and the gradebook); to grade as an unprivileged account, give the course root to an instructor account "
                "(chown -R <instructor> {root})")
 _NOTICE_SHOWN: set = set()
 
