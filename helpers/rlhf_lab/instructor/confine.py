@@ -48,6 +48,15 @@ UID_SPAN = 4096
 DEFAULT_UID_BASE = 1_500_000
 #: Marks a process running confined (the second stage sets it).
 ENV_MARK = "RLHF_CONFINED"
+#: Names the file a confined Formgrader step's pre-flight appends a line to for each submission in
+#: which it kept a notebook from running (``preflight_hook.report_blocked``).
+BLOCKED_REPORT_ENV = "RLHF_BLOCKED_REPORT"
+
+
+class StepBlocked(BaseException):
+    """A confined Formgrader autograde in which the pre-flight kept a notebook from running: raised
+    in the server's process, as the pre-flight's own ``PreflightBlocked`` is on the unconfined path
+    (nbgrader's API then reports the step as an error with this message)."""
 
 
 def uid_base() -> int:
@@ -237,7 +246,9 @@ def run_step_confined(app, subcommand: str, root: str | os.PathLike, db_url: str
     in the Jupyter server's process) as a confined nbgrader subprocess of the course's command
     line, with the same assignment, student and ``--force``; its output goes to ``app.log`` line
     by line at the level it was printed at (Formgrader shows it), and a failed run raises ``RuntimeError`` (Formgrader reports
-    the step as failed)."""
+    the step as failed). A run in which the pre-flight kept a notebook from running (reported through
+    the file :data:`BLOCKED_REPORT_ENV` names) raises :class:`StepBlocked` with its reason, as the
+    unconfined step does, once everything is written."""
     import subprocess
 
     coursedir = app.coursedir
@@ -249,16 +260,26 @@ def run_step_confined(app, subcommand: str, root: str | os.PathLike, db_url: str
         args.append("--force")
     cli = os.path.join(os.path.dirname(os.path.abspath(__file__)), "classrun", "nbgrader_cli.py")
     cmd = confined_command([sys.executable, cli, *args], root, student=student_of(args), db_url=db_url)
-    proc = subprocess.Popen(cmd, cwd=os.fspath(root), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace")
-    level = "INFO"
-    for line in proc.stdout:
-        level, message = log_record(line.rstrip("\n"), level)
-        if message:
-            app.log.log(getattr(logging, level), message)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rlhf-step-") as tmp:
+        report = os.path.join(tmp, "blocked")
+        open(report, "x").close()
+        env = dict(os.environ, **{BLOCKED_REPORT_ENV: report})
+        proc = subprocess.Popen(cmd, cwd=os.fspath(root), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace", env=env)
+        level = "INFO"
+        for line in proc.stdout:
+            level, message = log_record(line.rstrip("\n"), level)
+            if message:
+                app.log.log(getattr(logging, level), message)
+        with open(report, encoding="utf-8", errors="replace") as fh:
+            blocked = [ln.strip() for ln in fh.read(64 * 1024).splitlines() if ln.strip()]
     if proc.wait() != 0:
         raise RuntimeError(f"nbgrader {subcommand} {coursedir.assignment_id} failed (exit {proc.returncode}); "
                            "its log is above")
+    if blocked:
+        raise StepBlocked("; ".join(blocked))
 
 
 def confine_formgrader(db_url: str | None = None) -> None:

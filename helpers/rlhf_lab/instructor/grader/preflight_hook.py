@@ -178,6 +178,25 @@ class PreflightBlocked(BaseException):
     and its API reports success unless the autograde raised."""
 
 
+def report_blocked(why: str) -> None:
+    """Append ``why`` (one line) to the file ``$RLHF_BLOCKED_REPORT`` names, when it names one: how a
+    Formgrader step run confined in a subprocess (:func:`rlhf_lab.instructor.confine.run_step_confined`)
+    learns that the pre-flight kept a notebook from running, so its button says "Error" there too.
+    Opened without following a link, never created (the caller made it)."""
+    from rlhf_lab.instructor import confine
+
+    path = os.environ.get(confine.BLOCKED_REPORT_ENV)
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    except OSError:
+        _log().error("could not report to Formgrader that %s", why)
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(why.replace("\n", " ") + "\n")
+
+
 def _called_by_nbgrader_api() -> bool:
     """Whether this autograde runs inside ``nbgrader.apps.api.NbGraderAPI.autograde`` (Formgrader)."""
     import sys
@@ -361,12 +380,16 @@ class PreflightHooks:
             log.warning("pre-flight: %s withheld for review in %d cell(s) of %s/%s: their manual score is 0 "
                         "and the notebook is flagged until you review them (clearing a manual score in "
                         "Formgrader gives the autograder's score back)", _points_text(points), len(done), s, a)
-        if blocked and _called_by_nbgrader_api():
+        if not blocked:
+            return
+        why = (f"pre-flight: {', '.join(blocked)} of {s}/{a} was NOT graded (it was not run and scores 0); "
+               "see the log above for why")
+        report_blocked(why)
+        if _called_by_nbgrader_api():
             # Formgrader's Autograde button reports "Success" unless the autograde raised: a notebook the
             # pre-flight kept from running is not a success. Raised last, when nbgrader has written
             # everything it writes for this student, so the gradebook is that of every other path.
-            raise PreflightBlocked(f"pre-flight: {', '.join(blocked)} of {s}/{a} was NOT graded (it was not "
-                                   "run and scores 0); see the log above for why")
+            raise PreflightBlocked(why)
 
 
     # -- GenerateFeedback's pre_convert_hook --------------------------------------------------
