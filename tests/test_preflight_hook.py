@@ -162,6 +162,29 @@ def test_pre_hook_quarantines_in_place_and_is_idempotent(tmp_path):
     assert not [f for f in after["findings"] if f["student"] == CONTROL and f["severity"] == integrity.BLOCK]
 
 
+def test_a_blocked_notebook_is_reported_to_the_file_a_confined_formgrader_step_names(tmp_path, monkeypatch):
+    """A Formgrader step run confined learns through ``$RLHF_BLOCKED_REPORT`` what the pre-flight kept
+    from running: one line per submission appended; a link put at that name is never written through."""
+    from rlhf_lab.instructor import confine
+    from rlhf_lab.instructor.grader.preflight_hook import report_blocked
+
+    report = tmp_path / "blocked"
+    monkeypatch.delenv(confine.BLOCKED_REPORT_ENV, raising=False)
+    report_blocked("nothing is reported without the variable")
+    report.write_text("")
+    monkeypatch.setenv(confine.BLOCKED_REPORT_ENV, str(report))
+    report_blocked("pre-flight: 02.ipynb of ada/a1 was NOT graded")
+    report_blocked("pre-flight: 01.ipynb of\nben/a1 was NOT graded")
+    assert report.read_text().splitlines() == ["pre-flight: 02.ipynb of ada/a1 was NOT graded",
+                                               "pre-flight: 01.ipynb of ben/a1 was NOT graded"]
+    target = tmp_path / "elsewhere"
+    target.write_text("kept\n")
+    report.unlink()
+    report.symlink_to(target)
+    report_blocked("pre-flight: 02.ipynb of zed/a1 was NOT graded")
+    assert target.read_text() == "kept\n"
+
+
 def test_pre_hook_fails_closed(tmp_path):
     """A pre-flight that cannot run leaves nbgrader nothing to grade (nbgrader only logs hook errors)."""
     root = tmp_path / "course"
