@@ -217,20 +217,26 @@ ROOT_NOTICE = ("note: the course root {root} is owned by root: grading and feedb
                ".cache/ and the gradebook); to grade as an unprivileged account, give the course root to an instructor account "
                "(chown -R <instructor> {root})")
 _NOTICE_SHOWN: set = set()
+#: The course roots whose :data:`ROOT_NOTICE` a parent process already printed (a pool's workers say nothing).
+NOTICE_ENV = "RLHF_ROOT_NOTICE_SHOWN"
 
 
 def account_for_course(root, db_url: str | None = None) -> tuple[Account | None, str | None]:
     """``(account, refusal)`` for an nbgrader run on the course at ``root`` from this process:
     :func:`grading_account` of the root's owner, and :func:`ownership_refusal` of what that account
     must write, or :func:`account_reach` when it cannot run the course's Python. As root with a
-    root-owned course, :data:`ROOT_NOTICE` is printed once per process."""
+    root-owned course, :data:`ROOT_NOTICE` is printed once per process and course root, and not
+    again in the processes it starts after that (:data:`NOTICE_ENV`)."""
     root = os.path.abspath(os.fspath(root))
     euid = os.geteuid()
     owner = os.stat(root).st_uid
     account = grading_account(euid, owner)
     if account is None:
-        if euid == 0 and owner == 0 and root not in _NOTICE_SHOWN:
+        shown = os.environ.get(NOTICE_ENV, "").split(os.pathsep)
+        if euid == 0 and owner == 0 and root not in _NOTICE_SHOWN and root not in shown:
             _NOTICE_SHOWN.add(root)
+            # processes started from now on (a pool's workers) inherit that it was said
+            os.environ[NOTICE_ENV] = os.pathsep.join([*filter(None, shown), root])
             print(ROOT_NOTICE.format(root=root), file=sys.stderr, flush=True)
         return None, None
     refusal = ownership_refusal(account, foreign_outputs(account_outputs(root, db_url), account.uid))
