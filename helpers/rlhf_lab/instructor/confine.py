@@ -38,8 +38,9 @@ import sys
 
 #: nbgrader subcommands that grade or write feedback, and so run confined on a root-owned course.
 CONFINED_SUBCOMMANDS = ("autograde", "generate_feedback")
-#: Entries of the course root these steps write (everything else there is bound read-only).
-WRITABLE_ENTRIES = ("autograded", "feedback", "integrity", ".cache", "gradebook.db", "gradebook.db-journal",
+#: Entries of the course root both steps write, besides the students' folders of :data:`STUDENT_DIRS`
+#: (everything else there is bound read-only).
+WRITABLE_ENTRIES = ("integrity", ".cache", "gradebook.db", "gradebook.db-journal",
                     "gradebook.db-wal", "gradebook.db-shm")
 #: Inside a writable entry, folders that stay read-only (built before grading, read by kernels).
 READONLY_INSIDE = (os.path.join(".cache", "jax-compile-seed"),)
@@ -114,10 +115,6 @@ def sqlite_path(db_url: str | None) -> str | None:
 #: the planted-file sweep moves what a student left (autograde quarantines from ``submitted/``,
 #: feedback sweeps ``autograded/`` before rendering it). Any other such folder is read-only.
 STUDENT_DIRS = {"autograde": ("autograded", "submitted"), "generate_feedback": ("feedback", "autograded")}
-#: The folder each confined subcommand writes its output in.
-OUTPUT_DIRS = {sub: dirs[0] for sub, dirs in STUDENT_DIRS.items()}
-#: Folders of students' files; read-only in a confined step unless :data:`STUDENT_DIRS` names them.
-PER_STUDENT = ("autograded", "feedback", "submitted")
 
 
 def bind_args(root: str, student: str | None = None, subcommand: str = "", db_url: str | None = None,
@@ -126,8 +123,8 @@ def bind_args(root: str, student: str | None = None, subcommand: str = "", db_ur
     files are bound; for a link among the course root's entries, what it points to is bound
     read-only (unless that is inside the course root, or holds a writable folder).
 
-    Of the students' folders (:data:`PER_STUDENT`), the step writes only those :data:`STUDENT_DIRS`
-    names (autograde never writes ``feedback/``, feedback never writes ``submitted/``); with a
+    Of the students' folders (``autograded/``, ``feedback/``, ``submitted/``), the step writes only
+    those :data:`STUDENT_DIRS` names (autograde never writes ``feedback/``, feedback never writes ``submitted/``); with a
     ``student``, only that student's folder in each (its output folder created first when missing,
     as a real folder). When that student's entry is not a real folder (a link the pre-flight moves
     out), the whole folder stays writable so it can be moved. A SQLite gradebook outside the course
@@ -143,7 +140,9 @@ def bind_args(root: str, student: str | None = None, subcommand: str = "", db_ur
         args += ["--bind", os.path.dirname(db), os.path.dirname(db)]
     args += ["--bind", root, root]
     mine = STUDENT_DIRS.get(subcommand, ())
-    writable = (set(WRITABLE_ENTRIES) - set(PER_STUDENT)) | set(mine)
+    writable = set(WRITABLE_ENTRIES) | set(mine)
+    writable_paths = [os.path.join(root, w) for w in writable] + [root]
+    rw = [args[i + 1] for i, a in enumerate(args) if a == "--bind"]  # never hidden under a read-only parent
     for name in sorted(os.listdir(root)):
         path = os.path.join(root, name)
         if name in writable:
@@ -154,9 +153,7 @@ def bind_args(root: str, student: str | None = None, subcommand: str = "", db_ur
         # a link (the instructor's: say exchange -> /srv/exchange): what it points to is read-only;
         # the link itself sits in the writable root folder, and stage two puts it back if replaced
         target = os.path.realpath(path)
-        inside = [os.path.join(root, w) for w in writable] + [root]
-        rw = [args[i + 1] for i, a in enumerate(args) if a == "--bind"]  # never hidden under a read-only parent
-        if (os.path.exists(target) and not any(target == d or target.startswith(d + os.sep) for d in inside)
+        if (os.path.exists(target) and not any(target == d or target.startswith(d + os.sep) for d in writable_paths)
                 and not any((d + os.sep).startswith(target.rstrip(os.sep) + os.sep) for d in rw)):
             args += ["--ro-bind", target, target]
     for inside in READONLY_INSIDE:
@@ -250,6 +247,7 @@ def run_step_confined(app, subcommand: str, root: str | os.PathLike, db_url: str
     the file :data:`BLOCKED_REPORT_ENV` names) raises :class:`StepBlocked` with its reason, as the
     unconfined step does, once everything is written."""
     import subprocess
+    import tempfile
 
     coursedir = app.coursedir
     args = [subcommand, str(coursedir.assignment_id)]
@@ -260,8 +258,6 @@ def run_step_confined(app, subcommand: str, root: str | os.PathLike, db_url: str
         args.append("--force")
     cli = os.path.join(os.path.dirname(os.path.abspath(__file__)), "classrun", "nbgrader_cli.py")
     cmd = confined_command([sys.executable, cli, *args], root, student=student_of(args), db_url=db_url)
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="rlhf-step-") as tmp:
         report = os.path.join(tmp, "blocked")
         open(report, "x").close()
