@@ -94,6 +94,45 @@ def test_a_cell_that_rewrites_jax_or_builtins_earns_nothing(run, attack):
         runtime.grad("loss", 1, Jax(X), Jax(W))
 
 
+FINALIZER = """
+import jax
+import jax.numpy as jnp
+
+SCALE = 1.0
+
+
+class _Bomb:
+    def __del__(self):
+        jax.grad = lambda f, argnums=0: (lambda *a, **k: jnp.zeros(3))
+
+
+_bomb = _Bomb()
+_bomb.me = _bomb  # a cycle: only the garbage collector frees it
+"""
+SCALED_LOSS = """
+def loss(x, w):
+    return SCALE * (jnp.sum(jnp.tanh(x * w) ** 2) + 0.5 * jnp.sum(jax.lax.stop_gradient(w) * x))
+"""
+
+
+def test_a_finalizer_in_cyclic_garbage_never_runs_as_trusted_code(run):
+    """A cycle whose ``__del__`` rewrites ``jax.grad``. Made garbage in the cell that built it, the
+    collection after that cell runs the finalizer as that cell's code: its tampering is named. Made
+    garbage in a later cell (the runtime collects only objects younger than the last cell, and never
+    outside a cell), it may never be collected: the answer is then the true gradient. Either way the
+    finalizer never runs as trusted code, so a forged gradient is never the answer."""
+    same_cell = run(FINALIZER + "del _bomb\n" + SCALED_LOSS)
+    with pytest.raises(GradingError, match="no points for this gradient test"):
+        same_cell.grad("loss", 1, Jax(X), Jax(W))
+    later_cell = run(FINALIZER, "del _bomb\n" + SCALED_LOSS)
+    try:
+        got = later_cell.grad("loss", 1, Jax(X), Jax(W))
+    except GradingError as exc:
+        assert "no points for this gradient test" in str(exc)
+    else:
+        np.testing.assert_allclose(np.asarray(got), expected(X, W), rtol=1e-6, atol=1e-7)
+
+
 def test_a_numpy_loss_is_not_differentiated(run):
     runtime = run("import numpy as np\n\ndef loss(x, w):\n    return float(np.sum(np.tanh(np.asarray(x) * np.asarray(w)) ** 2))\n")
     with pytest.raises(GradingError, match="jax.grad could not differentiate your function"):
