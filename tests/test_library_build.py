@@ -205,6 +205,51 @@ def test_an_honest_implementation_and_given_code_are_not_reported(tmp_path):
         lb.suspicious_copies(tmp_path / "missing.ipynb")
 
 
+VARIANTS = '''
+def docstring_only(x):
+    """Only a docstring."""
+
+def two_strings(x):
+    """A docstring."""
+    "and a comment in disguise"
+
+def annotated(x: int, *rest, key=None, **more) -> int:
+    y: int
+    z: float = x * 2.0
+    return z + 1
+'''
+
+
+def _functions(source: str) -> list:
+    return [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_the_lazy_reference_index_matches_what_the_full_fingerprints_match():
+    """``ReferenceIndex.match`` (library functions normalised only when an answer has their shape)
+    gives, for every function of the library itself, of every source, release and example
+    notebook and of the cases above, what the dump of the whole library gives."""
+    index, refs = lb.ReferenceIndex(), lb.reference_fingerprints()
+    library = [n for tree in lb._modules(lb._installed_library()).values() for n in ast.walk(tree)
+               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    answers = []
+    for path in sorted([*REPO.glob("source/*/*.ipynb"), *REPO.glob("release/*/*.ipynb"),
+                        *REPO.glob("examples/submissions/*/*/*.ipynb")]):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code":
+                try:
+                    answers += _functions(lb._strip_magics(cell.source))
+                except SyntaxError:
+                    pass
+    cases = library + answers + _functions(RENAMED_COPY + HONEST + VARIANTS)
+    assert len(library) > 100 and len(answers) > 100
+    matched = 0
+    for fn in cases:
+        expected = refs.get(lb.normalised(fn))
+        assert index.match(fn) == expected, ast.unparse(fn)[:300]
+        matched += expected is not None
+    assert matched > len(library) // 2  # the library's own functions match themselves
+
+
 def _toy_library_with_subpackage(base: Path) -> Path:
     """The toy library plus ``seq/``: a subpackage re-exporting ``gae`` (needs ``core.h`` through
     ``from ..core``) and ``train`` (uses ``gae``), and ``seq/tools.py`` with ``helper``."""

@@ -27,7 +27,7 @@ def library_copy_findings(F, nb) -> list[Finding]:
             for copy_ in library_copies(nb)]
 
 
-_FINGERPRINTS: list = []  # [fingerprints of the installed library], computed once per process
+_INDEX: list = []  # [the installed library's ReferenceIndex], built once per process
 
 
 def library_copies(nb) -> list:
@@ -38,9 +38,9 @@ def library_copies(nb) -> list:
     from .. import library_build as lb
 
     try:
-        if not _FINGERPRINTS:
-            _FINGERPRINTS.append(lb.reference_fingerprints())
-        refs = _FINGERPRINTS[0]
+        if not _INDEX:
+            _INDEX.append(lb.ReferenceIndex())
+        refs = _INDEX[0]
         found = []
         for index, cell in enumerate(nb.cells):
             meta = nbg(cell)
@@ -52,7 +52,7 @@ def library_copies(nb) -> list:
                 continue
             for node in ast.walk(tree):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    match = refs.get(lb.normalised(node))
+                    match = refs.match(node)
                     if match is not None:
                         found.append(lb.Finding(str(meta.get("grade_id") or f"cell {index}"), node.name, match,
                                                 node.lineno))
