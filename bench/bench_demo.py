@@ -12,6 +12,13 @@ other programs put on this shared machine falls on both alike; the machine's loa
 CPU time other programs used meanwhile are reported with the figures. Both must give the same
 grades, cell by cell.
 
+Where the CPU goes: while each demo runs, every process started after it is sampled (psutil, every
+half second) and its CPU time is added to a kind (grading kernels, trusted gradient runtimes, the
+``nbgrader autograde`` processes, the pool's workers with their judge server, feedback, the other
+nbgrader steps, the demo itself, ...). The sum over all kinds divided by the cores is the least wall
+time any scheduling of that work could take on this machine: the demo's CPU floor. A process's last
+half second before it exits can be missed, so the sampled total is a little under the machine's.
+
 Target: the whole demo within 4 minutes on a quiet 2-core machine.
 
 Usage: ``python bench/bench_demo.py [--workers N] [--repeats R] [--with-seeds] [--out bench/results/demo.md]``
@@ -54,6 +61,79 @@ def cpu_snapshot() -> tuple[float, float]:
     return t.user + t.nice + t.system + t.irq + t.softirq, own.user + own.system + own.children_user + own.children_system
 
 
+#: (kind, test on the process's command line), first match wins: see :func:`kind_of`.
+KINDS = (
+    ("grading kernels (one per notebook, sandboxed)", lambda c: "ipykernel" in c),
+    ("trusted gradient runtimes (one per notebook with gradient checks)", lambda c: "_IN, _OUT = _os.dup" in c),
+    ("confinement wrappers (root-owned course)", lambda c: "confine.py" in c),
+    ("nbgrader autograde (one per student and assignment)", lambda c: "nbgrader_cli.py autograde" in c),
+    ("nbgrader generate_feedback", lambda c: "nbgrader_cli.py generate_feedback" in c),
+    ("other nbgrader steps (generate, release, collect, export, roster)", lambda c: "nbgrader" in c),
+    ("pool workers and seed builders (Dask, the judge server's references)", lambda c: "spawn_main" in c),
+    ("library builds' import checks", lambda c: "importlib, json, sys" in c),
+    ("the demo's own process", lambda c: "rlhf_lab.demo" in c),
+)
+
+
+def kind_of(cmdline: str) -> str:
+    """The kind of a process, from its command line (see :data:`KINDS`)."""
+    for kind, test in KINDS:
+        if test(cmdline):
+            return kind
+    return "everything else (bubblewrap, confinement helpers, alembic, ...)"
+
+
+class CpuSampler:
+    """CPU seconds of every process started after :meth:`start`, by kind, sampled every ``period`` s."""
+
+    def __init__(self, period: float = 0.5):
+        import threading
+
+        self.period, self.seen, self._stop = period, {}, threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "CpuSampler":
+        import psutil
+
+        # processes running now are not the demo's (psutil's start times drift from time.time())
+        self.before = {(p.pid, p.info["create_time"]) for p in psutil.process_iter(["create_time"])}
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        import psutil
+
+        for proc in psutil.process_iter(["pid", "cmdline", "cpu_times", "create_time"]):
+            info = proc.info
+            key = (info["pid"], info["create_time"])
+            if key in self.before or info["cpu_times"] is None:
+                continue
+            old = self.seen.get(key)
+            cmd = " ".join(info["cmdline"] or []) or (old[0] if old else "")  # a zombie has no command line
+            self.seen[key] = (cmd, info["cpu_times"].user + info["cpu_times"].system)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sample()
+            except Exception:  # noqa: BLE001 - a process vanished mid-read: the next sample has it
+                pass
+            self._stop.wait(self.period)
+
+    def stop(self) -> dict:
+        """``{kind: (core-seconds, processes)}``, this sampler's own process left out."""
+        self._stop.set()
+        self._thread.join()
+        out: dict = {}
+        for cmd, cpu in self.seen.values():
+            if "bench_demo.py" in cmd:
+                continue
+            kind = kind_of(cmd)
+            total, count = out.get(kind, (0.0, 0))
+            out[kind] = (total + cpu, count + 1)
+        return out
+
+
 def cell_grades(root: Path) -> dict:
     from nbgrader.api import Gradebook
 
@@ -75,10 +155,12 @@ def one_demo(base: Path, label: str, workers: int, with_seeds: bool) -> dict:
     env["RLHF_COURSE_ROOT"] = str(course)
     load_before = os.getloadavg()[0]
     before = cpu_snapshot()
+    sampler = CpuSampler().start()
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "rlhf_lab.demo", "--workers", str(workers)], cwd=course, env=env,
                           capture_output=True, text=True)
     wall = time.perf_counter() - t
+    by_kind = sampler.stop()
     after = cpu_snapshot()
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
@@ -89,11 +171,26 @@ def one_demo(base: Path, label: str, workers: int, with_seeds: bool) -> dict:
     result = {"label": label, "workers": workers, "wall": wall, "steps": report.get("demo_seconds", {}),
               "runs": report["runs"], "seeds": report.get("compile_cache_seeds", {}), "grades": cell_grades(work),
               "stderr": proc.stderr, "load_before": load_before, "load_after": os.getloadavg()[0],
-              "other_cores": other}
+              "other_cores": other, "cpu_by_kind": by_kind, "machine_busy": after[0] - before[0]}
     shutil.rmtree(course, ignore_errors=True)
     print(f"{label}: {wall:.1f} s with {workers} worker(s), load {load_before:.1f} -> {result['load_after']:.1f}, "
           f"other programs {other:.2f} cores", flush=True)
     return result
+
+
+def cpu_table(r: dict, cores: int) -> list[str]:
+    """Where run ``r``'s CPU went, by kind of process, and the CPU floor it implies on ``cores`` cores."""
+    kinds = sorted(r["cpu_by_kind"].items(), key=lambda kv: -kv[1][0])
+    total = sum(cpu for cpu, _ in r["cpu_by_kind"].values())
+    out = [f"## Where the CPU of {r['label']} went ({r['workers']} workers)", "",
+           "| kind of process | processes | CPU (core-seconds) | share |", "|---|---|---|---|"]
+    for kind, (cpu, count) in kinds:
+        out.append(f"| {kind} | {count} | {cpu:.1f} | {cpu / total:.0%} |")
+    out += ["", f"Sampled: {total:.0f} core-seconds (the machine was busy {r['machine_busy']:.0f} core-seconds "
+                f"meanwhile). **CPU floor on {cores} cores: {total / cores:.0f} s** (the work divided by the "
+                f"cores: no scheduling of this work finishes sooner); the run took {r['wall']:.0f} s. The "
+                f"{TARGET_SECONDS:.0f} s target needs the work under {TARGET_SECONDS * cores:.0f} core-seconds.", ""]
+    return out
 
 
 def main(argv=None) -> int:
@@ -159,6 +256,7 @@ def main(argv=None) -> int:
         "",
         f"- load average (1/5/15 min) at the end: {load()}", "",
     ]
+    lines += cpu_table(par[0], cores)
     noisy = [r["label"] for r in seq + par if r["stderr"].strip() and "%|" not in r["stderr"]]
     if noisy:
         lines += [f"- stderr was not empty in {', '.join(noisy)}", ""]
