@@ -75,12 +75,19 @@ KINDS = (
 )
 
 
+OTHER_KIND = "everything else (bubblewrap, confinement helpers, alembic, ...)"
+
+
 def kind_of(cmdline: str) -> str:
-    """The kind of a process, from its command line (see :data:`KINDS`)."""
+    """The kind of a process, from its command line (see :data:`KINDS`). Bubblewrap itself (whose
+    command line holds the kernel's or runtime's) is "everything else": each sandbox is two bwrap
+    processes around the one that does the work."""
+    if os.path.basename(cmdline.split(" ", 1)[0]) == "bwrap":
+        return OTHER_KIND
     for kind, test in KINDS:
         if test(cmdline):
             return kind
-    return "everything else (bubblewrap, confinement helpers, alembic, ...)"
+    return OTHER_KIND
 
 
 class CpuSampler:
@@ -257,9 +264,11 @@ def main(argv=None) -> int:
         f"- load average (1/5/15 min) at the end: {load()}", "",
     ]
     lines += cpu_table(par[0], cores)
-    noisy = [r["label"] for r in seq + par if r["stderr"].strip() and "%|" not in r["stderr"]]
-    if noisy:
-        lines += [f"- stderr was not empty in {', '.join(noisy)}", ""]
+    for r in seq + par:
+        said = [line for line in r["stderr"].splitlines() if line.strip() and "%|" not in line]
+        if said:
+            shown = "; ".join(f"`{line[:160]}`" for line in dict.fromkeys(said))
+            lines += [f"- stderr of {r['label']}: {len(said)} line(s): {shown[:900]}", ""]
     text = "\n".join(lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -39,6 +39,9 @@ def test_each_kind_matches_the_command_line_the_course_starts(bench):
                          "spawn_main(tracker_fd=5, pipe_handle=7) --multiprocessing-fork").startswith("pool workers")
     assert bench.kind_of(f"{sys.executable} -m rlhf_lab.demo --workers 2").startswith("the demo's own")
     assert bench.kind_of("bwrap --unshare-pid /bin/true").startswith("everything else")
+    # the sandbox's bubblewrap carries the kernel's command line: it is not a second kernel
+    assert bench.kind_of(f"/usr/bin/bwrap --unshare-pid --die-with-parent {sys.executable} -m ipykernel_launcher "
+                         "-f /tmp/k.json").startswith("everything else")
 
 
 def test_the_cpu_table_gives_each_kinds_share_and_the_floor(bench):
