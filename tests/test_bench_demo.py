@@ -4,22 +4,17 @@ silently move a kernel's CPU into "everything else"), the CPU-floor table on num
 hand, and a sample of a real child process. Nothing here runs a demo."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from course_support import REPO, load_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_demo", REPO / "bench" / "bench_demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(REPO / "bench" / "bench_demo.py", "bench_demo")
 
 
 def test_each_kind_matches_the_command_line_the_course_starts(bench):
