@@ -79,7 +79,6 @@ def test_root_owned_outputs_are_refused_in_one_line_with_the_fix(tmp_path):
 
 def test_a_root_owned_course_run_by_root_says_so_once(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(course.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(course, "_NOTICE_SHOWN", set())
     monkeypatch.setenv(course.NOTICE_ENV, "")  # restored after the test: the call below sets it
     if os.stat(tmp_path).st_uid != 0:
         pytest.skip("needs a folder owned by root")
@@ -91,7 +90,6 @@ def test_a_root_owned_course_run_by_root_says_so_once(tmp_path, capsys, monkeypa
     assert course.NOTICE_ENV in os.environ and str(tmp_path) in os.environ[course.NOTICE_ENV].split(os.pathsep)
     other = tmp_path / "other"
     other.mkdir()
-    monkeypatch.setattr(course, "_NOTICE_SHOWN", set())
     assert course.account_for_course(tmp_path) == (None, None)
     assert course.account_for_course(other) == (None, None)
     err = capsys.readouterr().err

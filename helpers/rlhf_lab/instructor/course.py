@@ -216,8 +216,8 @@ ROOT_NOTICE = ("note: the course root {root} is owned by root: grading and feedb
                "the machine's capabilities, writing only the students' folders the step writes, integrity/, "
                ".cache/ and the gradebook); to grade as an unprivileged account, give the course root to an instructor account "
                "(chown -R <instructor> {root})")
-_NOTICE_SHOWN: set = set()
-#: The course roots whose :data:`ROOT_NOTICE` a parent process already printed (a pool's workers say nothing).
+#: The course roots whose :data:`ROOT_NOTICE` this process or one that started it already printed
+#: (kept in the environment, so a pool's workers say nothing).
 NOTICE_ENV = "RLHF_ROOT_NOTICE_SHOWN"
 
 
@@ -233,9 +233,8 @@ def account_for_course(root, db_url: str | None = None) -> tuple[Account | None,
     account = grading_account(euid, owner)
     if account is None:
         shown = os.environ.get(NOTICE_ENV, "").split(os.pathsep)
-        if euid == 0 and owner == 0 and root not in _NOTICE_SHOWN and root not in shown:
-            _NOTICE_SHOWN.add(root)
-            # processes started from now on (a pool's workers) inherit that it was said
+        if euid == 0 and owner == 0 and root not in shown:
+            # this process and those it starts from now on (a pool's workers) know that it was said
             os.environ[NOTICE_ENV] = os.pathsep.join([*filter(None, shown), root])
             print(ROOT_NOTICE.format(root=root), file=sys.stderr, flush=True)
         return None, None

@@ -864,15 +864,22 @@ def normalised(fn: ast.AST) -> str:
     return ast.dump(copy, annotate_fields=False, include_attributes=False)
 
 
-def reference_fingerprints(library_dir=None) -> dict[str, str]:
-    """Normalised dump -> ``rlhf_lab.<module>.<name>`` for every function of the library (nested
-    ones included); trivial functions (a single ``return`` of a name or constant) are skipped."""
+def _library_functions(library_dir=None):
+    """``(node, "rlhf_lab.<module>.<name>")`` for every non-trivial function of the library (nested
+    ones included; a trivial one is a single ``return`` of a name or constant), in library order."""
     library_dir = _require_dir(library_dir or _installed_library(), "library_dir")
-    out: dict[str, str] = {}
     for module, tree in _modules(library_dir).items():
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _trivial(node):
-                out.setdefault(normalised(node), f"rlhf_lab.{module + '.' if module else ''}{node.name}")
+                yield node, f"rlhf_lab.{module + '.' if module else ''}{node.name}"
+
+
+def reference_fingerprints(library_dir=None) -> dict[str, str]:
+    """Normalised dump -> ``rlhf_lab.<module>.<name>`` for every function of the library (nested
+    ones included); trivial functions (a single ``return`` of a name or constant) are skipped."""
+    out: dict[str, str] = {}
+    for node, name in _library_functions(library_dir):
+        out.setdefault(normalised(node), name)
     return out
 
 
@@ -904,13 +911,9 @@ class ReferenceIndex:
     once. ``match(fn)`` gives what ``reference_fingerprints().get(normalised(fn))`` gives."""
 
     def __init__(self, library_dir=None):
-        library_dir = _require_dir(library_dir or _installed_library(), "library_dir")
         self._buckets: dict[tuple, list] = {}
-        for module, tree in _modules(library_dir).items():
-            for node in ast.walk(tree):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _trivial(node):
-                    self._buckets.setdefault(_shape(node), []).append(
-                        [node, f"rlhf_lab.{module + '.' if module else ''}{node.name}", None])
+        for node, name in _library_functions(library_dir):
+            self._buckets.setdefault(_shape(node), []).append([node, name, None])  # [node, name, its dump]
 
     def match(self, fn: ast.AST) -> str | None:
         """The first library function (in library order) whose normalised dump is ``fn``'s, or None."""
@@ -933,15 +936,17 @@ def _trivial(fn) -> bool:
                                   for s in body)
 
 
-def suspicious_copies(notebook, library_dir=None) -> list[Finding]:
+def suspicious_copies(notebook, library_dir=None, refs: ReferenceIndex | None = None) -> list[Finding]:
     """Answer-cell functions of ``notebook`` that are library functions up to names and formatting.
 
     ``notebook``: a path to an ``.ipynb`` file or a notebook dict. Answer cells are nbgrader
     solution cells; a cell that does not parse is skipped (nbgrader reports it when it runs).
-    The check reads text only; nothing of the notebook runs.
+    ``refs``: an index of the library built earlier (a grading process builds one for all its
+    notebooks), else one of ``library_dir`` is built. The check reads text only; nothing of the
+    notebook runs.
     """
     cells = _cells(notebook)
-    refs = ReferenceIndex(library_dir)
+    refs = refs or ReferenceIndex(library_dir)
     findings: list[Finding] = []
     for index, cell in enumerate(cells):
         meta = _nbgrader(cell)

@@ -33,30 +33,12 @@ _INDEX: list = []  # [the installed library's ReferenceIndex], built once per pr
 def library_copies(nb) -> list:
     """Answer-cell functions that are a library function up to names (text only; nothing runs):
     :func:`rlhf_lab.instructor.grader.library_build.suspicious_copies`, with the library read once."""
-    import ast
-
     from .. import library_build as lb
 
     try:
         if not _INDEX:
             _INDEX.append(lb.ReferenceIndex())
-        refs = _INDEX[0]
-        found = []
-        for index, cell in enumerate(nb.cells):
-            meta = nbg(cell)
-            if cell.get("cell_type") != "code" or not meta.get("solution"):
-                continue
-            try:
-                tree = ast.parse(lb._strip_magics(cell_source(cell)))
-            except SyntaxError:
-                continue
-            for node in ast.walk(tree):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    match = refs.match(node)
-                    if match is not None:
-                        found.append(lb.Finding(str(meta.get("grade_id") or f"cell {index}"), node.name, match,
-                                                node.lineno))
-        return found
+        return lb.suspicious_copies(nb, refs=_INDEX[0])
     except Exception:  # noqa: BLE001 - a review aid must never stop the pre-flight
         return []
 
