@@ -132,6 +132,25 @@ def test_the_dependency_graph_is_computed_once_and_again_when_a_module_changes(t
     assert len(walks) == 2
 
 
+def test_the_given_names_of_a_source_notebook_are_read_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    """The kernel and the trusted runtime of a notebook ask for the same build: its source notebook's
+    given code is read once per process while the file is unchanged, and again after an edit."""
+    import json
+
+    path = tmp_path / "01_nb.ipynb"
+    path.write_text(json.dumps(_notebook([("from rlhf_lab import g\nresult = g(1)", False)])))
+    reads = []
+    real = lb.given_names
+    monkeypatch.setattr(lb, "given_names", lambda nb: reads.append(nb) or real(nb))
+    assert lb._given_names_cached(path) == {("", "g")}
+    assert lb._given_names_cached(path) == {("", "g")} and len(reads) == 1
+    lb._given_names_cached(path).add(("", "planted"))  # a caller's copy, never the cached set
+    assert lb._given_names_cached(path) == {("", "g")} and len(reads) == 1
+    path.write_text(json.dumps(_notebook([("from rlhf_lab import h\nresult = h(1)", False)])))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert lb._given_names_cached(path) == {("", "h")} and len(reads) == 2
+
+
 def test_a_build_lacks_the_removed_functions_and_the_instructor_folder_and_is_reused(tmp_path):
     lib = _toy_library(tmp_path / "src")
     course = tmp_path / "course"

@@ -299,6 +299,20 @@ def given_names(notebook) -> set[tuple[str, str]]:
     return used
 
 
+#: :func:`given_names` of the source notebooks this process read, by file and its (mtime, size): the
+#: kernel and the trusted runtime of every notebook ask for the same build.
+_GIVEN: dict[tuple, frozenset] = {}
+
+
+def _given_names_cached(notebook: Path) -> set[tuple[str, str]]:
+    """:func:`given_names` of the file ``notebook``, read again only when the file changed."""
+    st = notebook.stat()
+    key = (str(notebook.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _GIVEN:
+        _GIVEN[key] = frozenset(given_names(notebook))
+    return set(_GIVEN[key])
+
+
 def _dotted(node) -> list[str] | None:
     """``a.b.c`` as ``["a", "b", "c"]`` (None when the chain does not start at a name)."""
     parts = []
@@ -738,8 +752,9 @@ def ensure_build(course_root, assignment: str, notebook: str | None, library_dir
     library_dir = _require_dir(library_dir or _installed_library(), "library_dir").resolve()
     names = names_for(assignment, notebook, manifest) if strip else ()
     source_nb = course_root / "source" / assignment / f"{Path(notebook).stem}.ipynb" if notebook else None
-    given = given_names(source_nb) if source_nb is not None and source_nb.is_file() else set()
-    given = {p for p in given if p[0] in _module_files(library_dir)}  # readings that name a real module
+    given = _given_names_cached(source_nb) if source_nb is not None and source_nb.is_file() else set()
+    module_files = _module_files(library_dir)
+    given = {p for p in given if p[0] in module_files}  # readings that name a real module
     known = source_nb is not None and source_nb.is_file()
     # a full build keeps the checks (judging/), which import any module of the library: all of them
     plan = plan_build(library_dir, names, given, all_modules=not known or not strip)
