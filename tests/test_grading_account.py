@@ -174,6 +174,7 @@ def _score(root, assignment, student):
         return gb.find_submission(assignment, student).score
 
 
+@pytest.mark.slow  # two real autogrades of a1, as a real account (about 2.5 min)
 @needs_root
 def test_the_course_command_grades_as_the_course_owner_with_the_same_grade(grader_account, runtime,
                                                                          tmp_path_factory):

@@ -262,11 +262,19 @@ def test_cells_prefetched_at_the_start_are_the_ones_the_first_check_runs(run):
 
 
 def test_prefetched_cells_that_never_finish_fail_the_check_on_its_timeout(run):
+    """Prefetched cells are sent before the runtime has imported JAX; once it is ready they have the
+    cell time, not the start-up allowance (120 s) on top of it: a notebook whose cell never ends is
+    not held for two more minutes."""
     runtime = run("import time\nwhile True:\n    time.sleep(0.05)\n" + LOSS, timeout=5.0)
     runtime.start()
     assert runtime.prefetch(["loss"], 1)
+    waits = []
+    read = runtime._read
+    runtime._read = lambda timeout: waits.append(timeout) or read(timeout)
     with pytest.raises(GradingError, match="not computed within 5 s"):
         runtime.grad("loss", 1, Jax(X), Jax(W))
+    assert waits[0] == tr.START_TIMEOUT  # the ready line
+    assert len(waits) == 2 and waits[1] <= 5.0, waits  # the prefetched cell (one): its cell time at most
 
 
 def test_the_gradient_checks_name_their_functions_literally():

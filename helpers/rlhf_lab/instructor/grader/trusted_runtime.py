@@ -598,7 +598,7 @@ class TrustedRuntime:
         #: seconds spent in :meth:`grad` (all of it), processes started, and the last call's overhead
         self.request_seconds, self.starts = 0.0, 0
         self.last_overhead, self.timed_out = 0.0, False
-        self._ready, self._spawned = False, 0.0
+        self._ready, self._spawned, self._ready_at = False, 0.0, 0.0
         self._held = _Held()  # released by close(), or by the finalizer when dropped without close()
         self._buffer = b""
         self._inflight: tuple[str, list[int], float] | None = None  # a prefetch whose answer is unread
@@ -732,7 +732,7 @@ class TrustedRuntime:
         if not ready.get("ready"):
             self.close()
             raise RuntimeBroken("it did not start")
-        self._ready = True
+        self._ready, self._ready_at = True, time.monotonic()
         if self.log is not None:
             self.log.info("trusted gradient runtime for %s ready %.1f s after it started (%.1f s waited)",
                           self.who or self.cwd, time.monotonic() - self._spawned, time.monotonic() - started)
@@ -765,6 +765,10 @@ class TrustedRuntime:
             return
         token, todo, deadline = self._inflight
         self._inflight = None
+        if self._ready:
+            # the runtime reads the request once it is ready: from then on the cells have their own
+            # time, not the start-up allowance on top (a cell that never ends fails in cell time)
+            deadline = min(deadline, self._ready_at + self.cell_timeout * len(todo))
         while True:
             reply = self._read(max(0.0, deadline - time.monotonic()))
             if reply.get("token") == token:
