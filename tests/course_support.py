@@ -16,8 +16,14 @@ API
     ``nbgrader generate_assignment`` has run for every assignment, so its SQLite ``gradebook.db``
     knows every notebook and graded cell. Built once per session under ``base`` (under pytest-xdist,
     once for all the session's processes, in the folder they share).
-``fresh_course(dest, base) -> Path``
-    A new copy of that template at ``dest`` (gradebook included): a private course to grade into.
+``seeded_template(base) -> Path``
+    That template plus the compile-cache seeds of the graded assignments (the source notebooks run
+    once in the sandbox, about 100 s), in a folder of its own, built once per session when a test
+    first asks for a course to grade in.
+``fresh_course(dest, base, seeds=True) -> Path``
+    A new copy of the seeded template at ``dest`` (gradebook included): a private course to grade
+    into. ``seeds=False`` copies the template without seeds, for a test that never runs a kernel
+    (then no test of the fast part waits for the seeds).
 ``own_db(root) -> str``
     ``sqlite:///<root>/gradebook.db``: pass it as ``db_url`` to pipeline functions on a copy.
 ``bundled_class(base) -> ClassRun``
@@ -48,7 +54,7 @@ API
     A compiled pattern for library log noise (XLA's C++ log lines, absl's start-up warning,
     fontconfig's errors): what must never reach a student's feedback or the instructor's terminal.
 
-pytest fixtures (session scope): ``course_template_dir``, ``bundled_class_run``.
+pytest fixtures (session scope): ``course_template_dir``, ``seeded_template_dir``, ``bundled_class_run``.
 """
 from __future__ import annotations
 
@@ -85,11 +91,36 @@ def _build_template(dest: Path) -> Path:
     root = pipeline.copy_course(dest, REPO)
     pipeline.check_config(root, own_db(root))
     pipeline.generate(root, pipeline.assignments(root), db_url=own_db(root))
+    return root
+
+
+def _build_seeded(dest: Path, template: Path) -> Path:
     from rlhf_lab.instructor.grader import compile_cache
 
-    for assignment in pipeline.graded_assignments(root):  # reused from the repository when unchanged
-        compile_cache.ensure_seed(root, assignment)
-    return root
+    shutil.copytree(template, dest, symlinks=True)
+    for assignment in pipeline.graded_assignments(dest):  # copied from the repository's .cache when unchanged
+        compile_cache.ensure_seed(dest, assignment)
+    return dest
+
+
+def _shared_build(base: Path, name: str, build) -> Path:
+    """``build(folder)`` once per session for all its processes: the first to ask builds it in the
+    folder they share (the parent of each process's base temporary folder) while holding a lock, the
+    others wait for it; a build that failed part-way in another process is started again."""
+    if name not in _CACHE:
+        import fcntl
+
+        home = _CACHE.get("shared") or Path(base)
+        with open(home / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on failure
+            root, done = home / name, home / f"{name}.complete"
+            if not done.exists():
+                if root.exists():
+                    shutil.rmtree(root)
+                build(root)
+                done.write_text("built\n")
+        _CACHE[name] = root.resolve()
+    return _CACHE[name]
 
 
 def course_template(base: Path) -> Path:
@@ -99,20 +130,14 @@ def course_template(base: Path) -> Path:
     folder they share (the parent of each process's base temporary folder) while holding a lock,
     the others wait for it. Tests only copy it (:func:`fresh_course`) or read it.
     """
-    if "template" not in _CACHE:
-        import fcntl
+    return _shared_build(base, "course_template", _build_template)
 
-        home = _CACHE.get("shared") or Path(base)
-        with open(home / "course_template.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on failure
-            root, done = home / "course_template", home / "course_template.complete"
-            if not done.exists():
-                if root.exists():  # a build that failed part-way in another process
-                    shutil.rmtree(root)
-                _build_template(root)
-                done.write_text("built\n")
-        _CACHE["template"] = root.resolve()
-    return _CACHE["template"]
+
+def seeded_template(base: Path) -> Path:
+    """:func:`course_template` with the graded assignments' compile-cache seeds, in its own folder
+    (built once per session, as the template; tests only copy it)."""
+    template = course_template(base)
+    return _shared_build(base, "course_template_seeded", lambda dest: _build_seeded(dest, template))
 
 
 def own_db(root: Path) -> str:
@@ -121,9 +146,10 @@ def own_db(root: Path) -> str:
     return "sqlite:///" + str(Path(root) / "gradebook.db")
 
 
-def fresh_course(dest: Path, base: Path) -> Path:
-    """A private copy of the generated template at ``dest`` (gradebook included)."""
-    template = course_template(base)
+def fresh_course(dest: Path, base: Path, seeds: bool = True) -> Path:
+    """A private copy of the generated template at ``dest`` (gradebook included), with the
+    compile-cache seeds unless ``seeds=False`` (a test that runs no kernel)."""
+    template = seeded_template(base) if seeds else course_template(base)
     dest = Path(dest)
     shutil.copytree(template, dest, ignore=shutil.ignore_patterns("submitted", "autograded", "feedback"))
     (dest / "autograded").mkdir(exist_ok=True)
@@ -250,6 +276,11 @@ def kill_tree(proc: subprocess.Popen) -> int:
 @pytest.fixture(scope="session")
 def course_template_dir(tmp_path_factory) -> Path:
     return course_template(_session_base(tmp_path_factory))
+
+
+@pytest.fixture(scope="session")
+def seeded_template_dir(tmp_path_factory) -> Path:
+    return seeded_template(_session_base(tmp_path_factory))
 
 
 @pytest.fixture(scope="session")

@@ -155,12 +155,13 @@ def grader_account(request):
     return pwd.getpwnam(name)
 
 
-def _course_for(entry, tmp_path_factory, student, assignment, notebooks, name="course"):
-    """A fresh copy of the course in the account's home, with one submission, all the account's."""
-    from course_support import fresh_course, write_submissions
+def _course_for(entry, tmp_path_factory, student, assignment, notebooks, name="course", seeds=True):
+    """A fresh copy of the course in the account's home, with one submission, all the account's
+    (``seeds=False``: without compile-cache seeds, for a run that stops before any kernel)."""
+    from course_support import fresh_course, session_base, write_submissions
 
     home = Path(entry.pw_dir)
-    root = fresh_course(home / name, tmp_path_factory.getbasetemp())
+    root = fresh_course(home / name, session_base(tmp_path_factory), seeds=seeds)
     write_submissions(root / "submitted", {student: {assignment: notebooks}})
     subprocess.run(["chown", "-R", f"{entry.pw_name}:{entry.pw_name}", str(home)], check=True)
     os.chmod(home, 0o700)
@@ -218,7 +219,8 @@ def test_a_root_owned_output_folder_stops_the_run_with_the_fix(grader_account, r
     from course_support import correct_submission
 
     assignment, student = "a1_ppo_objective", "bob"
-    root = _course_for(grader_account, tmp_path_factory, student, assignment, correct_submission(assignment))
+    root = _course_for(grader_account, tmp_path_factory, student, assignment, correct_submission(assignment),
+                       seeds=False)
     os.chown(root / "autograded", 0, 0)  # left by an earlier run as root
     [[ok, reason]] = _python(runtime, _autograde_code(root, assignment, student), root, course.nbgrader_env(root))
     assert not ok and f"chown -R {grader_account.pw_name} {root / 'autograded'}" in reason
@@ -241,7 +243,8 @@ def test_an_account_that_cannot_run_the_courses_python_is_told_so(grader_account
     if reached:
         pytest.skip(f"the account can run {python}: nothing to refuse")
     assignment, student = "a1_ppo_objective", "carol"
-    root = _course_for(grader_account, tmp_path_factory, student, assignment, correct_submission(assignment))
+    root = _course_for(grader_account, tmp_path_factory, student, assignment, correct_submission(assignment),
+                       seeds=False)
     run = course.run_nbgrader(["autograde", assignment, "--student", student], root)
     assert not run.ok and run.seconds == 0.0
     assert f"cannot run this course's Python {sys.executable}" in run.output

@@ -19,7 +19,8 @@ import pytest
 from nbgrader.utils import determine_grade
 
 from course_support import (  # noqa: F401  (fixtures are used by name)
-    REPO, autograde_mistakes, bundled_class_run, course_template_dir, fresh_course, mistakes, own_db, session_base,
+    REPO, autograde_mistakes, bundled_class_run, course_template_dir, fresh_course, mistakes, own_db, seeded_template_dir,
+    session_base,
 )
 from fixtures import submissions
 from rlhf_lab.instructor.classrun import pipeline
@@ -161,7 +162,7 @@ def test_validate_passes_on_source_and_fails_on_the_unchanged_release(course_tem
 
 # ------------------------------------------------------------------------------ the demo command
 @pytest.mark.slow
-def test_demo_command_grades_prints_the_tables_and_resumes_only_what_is_unfinished(course_template_dir, tmp_path):
+def test_demo_command_grades_prints_the_tables_and_resumes_only_what_is_unfinished(seeded_template_dir, tmp_path):
     """`python -m rlhf_lab.demo` (what `make demo` runs) on a course copy, then `--resume` after an interruption"""
     import shutil
     import subprocess
@@ -170,7 +171,7 @@ def test_demo_command_grades_prints_the_tables_and_resumes_only_what_is_unfinish
     from rlhf_lab.instructor.classrun import parallel
 
     work = tmp_path / "course"
-    shutil.copytree(course_template_dir / ".cache", work / ".cache")  # the session's seeds (same key)
+    shutil.copytree(seeded_template_dir / ".cache", work / ".cache")  # the session's seeds (same key)
     a, students = "a1_ppo_objective", ["ada_correct", "cy_dropped_signed_min"]
     cmd = [sys.executable, "-m", "rlhf_lab.demo", "--workdir", str(work), "--assignment", a]
     cmd += [f"--student={s}" for s in students]
