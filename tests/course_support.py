@@ -124,12 +124,8 @@ def _shared_build(base: Path, name: str, build) -> Path:
 
 
 def course_template(base: Path) -> Path:
-    """The generated course template (see module docstring); built once per session.
-
-    Under pytest-xdist the session's processes share one: the first to need it builds it in the
-    folder they share (the parent of each process's base temporary folder) while holding a lock,
-    the others wait for it. Tests only copy it (:func:`fresh_course`) or read it.
-    """
+    """The generated course template (see module docstring); built once per session for all its
+    processes (:func:`_shared_build`). Tests only copy it (:func:`fresh_course`) or read it."""
     return _shared_build(base, "course_template", _build_template)
 
 

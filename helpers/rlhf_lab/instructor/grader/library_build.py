@@ -306,8 +306,7 @@ _GIVEN: dict[tuple, frozenset] = {}
 
 def _given_names_cached(notebook: Path) -> set[tuple[str, str]]:
     """:func:`given_names` of the file ``notebook``, read again only when the file changed."""
-    st = notebook.stat()
-    key = (str(notebook.resolve()), st.st_mtime_ns, st.st_size)
+    key = _file_key(notebook)
     if key not in _GIVEN:
         _GIVEN[key] = frozenset(given_names(notebook))
     return set(_GIVEN[key])
@@ -359,6 +358,12 @@ def _module_files(library_dir: Path) -> dict[str, Path]:
     return out
 
 
+def _file_key(path: Path) -> tuple[str, int, int]:
+    """What the per-process caches of this module key a file by: its real path, mtime and size."""
+    st = path.stat()
+    return str(path.resolve()), st.st_mtime_ns, st.st_size
+
+
 #: Parsed library modules of this process, by file and its (mtime, size): one grading process plans
 #: a build for every notebook, and each plan reads the whole library several times.
 _PARSED: dict[tuple, ast.Module] = {}
@@ -371,8 +376,7 @@ def _modules(library_dir: Path) -> dict[str, ast.Module]:
     read them and never modify them (:func:`normalised` works on a copy)."""
     out = {}
     for name, path in _module_files(Path(library_dir)).items():
-        st = path.stat()
-        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+        key = _file_key(path)
         if key not in _PARSED:
             _PARSED[key] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         out[name] = _PARSED[key]
@@ -752,10 +756,10 @@ def ensure_build(course_root, assignment: str, notebook: str | None, library_dir
     library_dir = _require_dir(library_dir or _installed_library(), "library_dir").resolve()
     names = names_for(assignment, notebook, manifest) if strip else ()
     source_nb = course_root / "source" / assignment / f"{Path(notebook).stem}.ipynb" if notebook else None
-    given = _given_names_cached(source_nb) if source_nb is not None and source_nb.is_file() else set()
-    module_files = _module_files(library_dir)
-    given = {p for p in given if p[0] in module_files}  # readings that name a real module
     known = source_nb is not None and source_nb.is_file()
+    module_files = _module_files(library_dir)
+    # readings that name a real module
+    given = {p for p in _given_names_cached(source_nb) if p[0] in module_files} if known else set()
     # a full build keeps the checks (judging/), which import any module of the library: all of them
     plan = plan_build(library_dir, names, given, all_modules=not known or not strip)
     exclude = GRADER_ONLY if strip else ()
