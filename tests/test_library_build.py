@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import textwrap
 from pathlib import Path
@@ -209,19 +210,128 @@ def my_clip_terms(r, adv, eps):
 '''
 
 
-def test_a_renamed_reformatted_copy_of_a_library_function_is_reported():
-    findings = lb.suspicious_copies(_notebook([(RENAMED_COPY, True)]))
+def _library_source(fn, name: str, docstring: bool = True) -> str:
+    """``fn``'s source renamed to ``name`` and reformatted (ast round trip: comments dropped), with
+    or without its docstring."""
+    node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    node.name = name
+    if not docstring:
+        node.body = node.body[1:]
+    return ast.unparse(node)
+
+
+A1 = "a1_ppo_objective/01_clipped_objective"
+
+
+def test_a_renamed_reformatted_copy_with_the_librarys_docstring_is_reported():
+    """The library text (its docstring, a comment) is evidence no independent answer carries."""
+    import rlhf_lab.ppo
+
+    copied = _library_source(rlhf_lab.ppo.clipped_surrogate, "my_clip_terms")
+    findings = lb.suspicious_copies(_notebook([(copied, True)]), key=A1)
     assert [(f.cell, f.function, f.library_function) for f in findings] == [
         ("cell_0", "my_clip_terms", "rlhf_lab.ppo.clipped_surrogate")]
-    assert "copy of rlhf_lab.ppo.clipped_surrogate" in str(findings[0])
+    assert "copy of rlhf_lab.ppo.clipped_surrogate" in str(findings[0]) and "docstring" in str(findings[0])
+    # a comment of the library's pasted into an honest-looking short copy is evidence too
+    commented = RENAMED_COPY.replace("# written \"by me\"", "# the minimum is taken after multiplying by the "
+                                     "advantage so the sign of A decides which bound can bind")
+    assert [f.library_function for f in lb.suspicious_copies(_notebook([(commented, True)]), key=A1)] == [
+        "rlhf_lab.ppo.clipped_surrogate"]
 
 
-def test_an_honest_implementation_and_given_code_are_not_reported(tmp_path):
+def test_a_long_library_function_the_student_must_write_is_reported_without_its_docstring():
+    """A body of many statements is evidence by itself (identical code is not a coincidence);
+    the functions nested in a reported copy are not reported again."""
+    from rlhf_lab import sweep, trainer
+
+    key = "a2_ppo_rlhf/03_rollouts"
+    for fn in (sweep.sweep_grid, trainer._rollout_update):
+        stripped = _library_source(fn, "mine", docstring=False)
+        assert lb.body_size(ast.parse(stripped).body[0])[0] >= lb.COPY_MIN_STATEMENTS
+        findings = lb.suspicious_copies(_notebook([(stripped, True)]), key=key)
+        assert [(f.function, f.library_function) for f in findings] == [("mine", f"{fn.__module__}.{fn.__name__}")]
+        assert "statements" in findings[0].evidence
+        # the same body as a model answer of the notebook (the functions of its solution cells) is no evidence
+        model = {lb.normalised(n) for n in _functions(stripped)}
+        assert lb.suspicious_copies(_notebook([(stripped, True)]), key=key, model=model) == []
+
+
+def test_a_short_copy_without_the_librarys_text_is_not_reported(tmp_path):
+    """A two-line function has few ways to be written: the same normalised code as the library's is
+    what correct answers write (the demo's preference_loss answers), never reported alone."""
+    assert lb.suspicious_copies(_notebook([(RENAMED_COPY, True)]), key=A1) == []
+    natural = {
+        "a2_ppo_rlhf/01_losses": "def preference_loss(w, chosen, rejected):\n"
+                                 "    margin = (chosen - rejected) @ w\n"
+                                 "    return jnp.mean(jax.nn.softplus(-margin))\n",
+        "a3_ppo_sequences/01_masks_and_sft": "def preference_loss(c, r):\n"
+                                             "    return jnp.mean(jax.nn.softplus(-(c - r)))\n",
+    }
+    refs = lb.ReferenceIndex()
+    for key, answer in natural.items():
+        fn = ast.parse(answer).body[0]
+        assert refs.match(fn) is not None  # the same normalised code as the library's ...
+        assert lb.suspicious_copies(_notebook([(answer, True)]), refs=refs, key=key) == []  # ... not reported
     assert lb.suspicious_copies(_notebook([(HONEST, True)])) == []
-    assert lb.suspicious_copies(_notebook([(RENAMED_COPY, False)])) == []  # not an answer cell
     assert lb.suspicious_copies(_notebook([("def broken(:", True)])) == []
     with pytest.raises(ValueError, match="notebook"):
         lb.suspicious_copies(tmp_path / "missing.ipynb")
+
+
+def test_only_library_code_the_notebook_asks_for_and_does_not_give_is_in_scope():
+    import rlhf_lab.ppo
+
+    copied = _library_source(rlhf_lab.ppo.clipped_surrogate, "my_clip_terms")
+    nb = _notebook([(copied, True)])
+    assert lb.suspicious_copies(nb, key=A1)
+    assert lb.suspicious_copies(_notebook([(copied, False)]), key=A1) == []  # not an answer cell
+    # a notebook that does not ask for it (a2's losses use the library's clipped_surrogate)
+    assert ("ppo", "clipped_surrogate") not in lb.copy_scope("a2_ppo_rlhf/01_losses")
+    assert lb.suspicious_copies(nb, key="a2_ppo_rlhf/01_losses") == []
+    # asked for, but the notebook's given code uses it: given, so copying it copies nothing
+    assert lb.suspicious_copies(nb, key=A1, given={("ppo", "clipped_surrogate")}) == []
+    assert lb.copy_scope("a3_ppo_sequences/03_loop_and_analysis",
+                         lb.given_names(REPO / "source" / "a3_ppo_sequences" / "03_loop_and_analysis.ipynb")) \
+        .isdisjoint({("sequences.contrasts", "dpo_loss"), ("sequences.estimators", "k3")})
+    # text the notebook gives (its statement quoting the library's docstring) is no evidence
+    doc = rlhf_lab.ppo.clipped_surrogate.__doc__
+    assert lb.suspicious_copies(nb, key=A1, given_text=doc) == []
+
+
+def _solution_notebooks():
+    """Every model answer (source/) and every example submission of a correct or classic-mistake
+    student (examples/submissions/, the hostile class's control): ``(path, assignment, name)``."""
+    paths = [*REPO.glob("source/*/*.ipynb"), *REPO.glob("examples/submissions/*/*/*.ipynb"),
+             *REPO.glob("examples/hostile/h00_control_correct/*/*.ipynb")]
+    return [(p, p.parent.name, p.name) for p in sorted(paths)]
+
+
+def test_no_model_answer_or_example_or_alternative_correct_answer_is_reported():
+    """The pre-flight's review (release, source and model answers known) reports none of them, and
+    neither does the check with nothing known: every function some notebook asks for in scope,
+    nothing given, no model answer (so nothing here passes only because it is the model answer)."""
+    from rlhf_lab.instructor.grader import integrity
+    from rlhf_lab.instructor.grader.preflight import review
+
+    refs = lb.ReferenceIndex()
+    specs: dict = {}
+    checked = 0
+    for path, assignment, name in _solution_notebooks():
+        nb = nbformat.read(str(path), as_version=4)
+        if assignment not in specs:
+            try:
+                specs[assignment] = integrity.release_specs(REPO, assignment)
+            except FileNotFoundError:
+                specs[assignment] = {}
+        spec = specs[assignment].get(name)
+        if spec is not None:
+            assert review.library_copies(nb, assignment, name, spec, REPO) == [], path
+        assert lb.suspicious_copies(nb, refs=refs, key=None, given=(), given_text="") == [], path
+        checked += 1
+    assert checked > 60
+    alternative = (REPO / "tests" / "fixtures" / "alternative_answers.py").read_text(encoding="utf-8")
+    assert lb.suspicious_copies(_notebook([(alternative, True)]), refs=refs, key=None, given=(),
+                                given_text="") == []
 
 
 VARIANTS = '''

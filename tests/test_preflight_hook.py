@@ -160,6 +160,9 @@ def test_pre_hook_quarantines_in_place_and_is_idempotent(tmp_path):
     moved_block = [f for f in after["findings"] if f["student"] == HOSTILE and f["severity"] == integrity.BLOCK]
     assert [(f["code"], f["grade_id"]) for f in moved_block] == [("deleted-given", MOVED)]
     assert not [f for f in after["findings"] if f["student"] == CONTROL and f["severity"] == integrity.BLOCK]
+    # a correct answer is never reported as a library copy (the course here has no source/: the
+    # review reads the release only)
+    assert not [f for f in after["findings"] if f["code"] == "library-copy"]
 
 
 def test_a_blocked_notebook_is_reported_to_the_file_a_confined_formgrader_step_names(tmp_path, monkeypatch):

@@ -17,9 +17,11 @@ that notebook asks students to implement. The definitions are physically absent 
   its re-exports by an AST-guided edit that keeps every other line where it was (so tracebacks
   and JAX's compilation cache keys of the remaining code do not move), and verifies in a fresh
   interpreter that the build imports and lacks what it must lack.
-* :func:`suspicious_copies` reports an answer cell whose function is a library reference function
-  up to names, comments, docstrings and formatting (normalised ASTs compared), for an instructor
-  to review; it runs in the grader, never in the kernel.
+* :func:`suspicious_copies` reports an answer cell whose function copies library code the notebook's
+  students are asked to write and are not given: the same code up to names, comments, docstrings
+  and formatting (normalised ASTs compared) *and* evidence beyond what a correct answer of that form
+  shares (the library's docstring or comments, or a long body that is no model answer's), for an
+  instructor to review; it runs in the grader, never in the kernel.
 """
 from __future__ import annotations
 
@@ -791,18 +793,45 @@ def ensure_build(course_root, assignment: str, notebook: str | None, library_dir
 
 
 # --- copies of library functions in answer cells --------------------------------------------------
+#
+# Two functions with the same normalised AST (:func:`normalised`) are not evidence of copying when
+# they are short: ``jnp.mean(jax.nn.softplus(-(c - r)))`` is both the library's ``preference_loss``
+# and what most correct students write, since a two-line function has only a few ways to be written.
+# A finding therefore needs three things (:func:`suspicious_copies`):
+#
+# 1. scope: the library function (or a function nested in it) is one the notebook's students are
+#    asked to write and are not given (:func:`copy_scope`: the manifest's names minus what the
+#    notebook's given code needs); a copy of anything else copies nothing the student was graded on;
+# 2. structure: the answer function's normalised AST equals the library function's;
+# 3. evidence beyond what any correct answer shares, one of
+#    * text: the answer function's docstrings, bare strings or comments repeat
+#      :data:`COPY_MIN_WORDS` consecutive words of the library function's docstrings or comments
+#      that the notebook does not give (release text, and the model answer's when known), or
+#    * size: the normalised body has at least :data:`COPY_MIN_STATEMENTS` statements and
+#      :data:`COPY_MIN_NODES` AST nodes (long enough that an identical body is not a coincidence),
+#      and it is not the form of a model answer of the notebook.
+
+#: Size evidence: the normalised body of a copied function has at least this many statements ...
+COPY_MIN_STATEMENTS = 6
+#: ... and at least this many AST nodes (contexts and operators not counted).
+COPY_MIN_NODES = 90
+#: Text evidence: this many consecutive words of the library function's docstring or comments.
+COPY_MIN_WORDS = 8
+
 
 @dataclass(frozen=True)
 class Finding:
-    """An answer-cell function that is a library function up to names, comments and formatting."""
+    """An answer-cell function that is a library function up to names, comments and formatting,
+    with evidence of copying beyond what every correct answer shares (``evidence``)."""
     cell: str          # the answer cell's nbgrader grade_id (or "cell <index>")
     function: str      # the name the student gave it
     library_function: str  # "rlhf_lab.<module>.<name>"
     line: int          # line of the ``def`` inside the cell
+    evidence: str = ""  # why this is a copy and not an independent answer of the same form
 
     def __str__(self) -> str:
         return (f"{self.cell}: {self.function} (line {self.line}) is a copy of {self.library_function} "
-                "up to names, comments and formatting")
+                f"up to names and formatting ({self.evidence or 'the same normalised code'})")
 
 
 class _Canonical(ast.NodeTransformer):
@@ -873,24 +902,88 @@ def _local_names(fn: ast.AST) -> set[str]:
     return names - globals_
 
 
-def normalised(fn: ast.AST) -> str:
-    """A canonical dump of a function definition (see :class:`_Canonical`)."""
+def _canonical(fn: ast.AST) -> ast.AST:
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise ValueError(f"fn must be an ast.FunctionDef, got {type(fn).__name__}")
     copy = ast.parse(ast.unparse(fn)).body[0]
     copy = _Canonical(_local_names(copy)).visit(copy)
     copy.decorator_list = []
-    return ast.dump(copy, annotate_fields=False, include_attributes=False)
+    return copy
+
+
+def normalised(fn: ast.AST) -> str:
+    """A canonical dump of a function definition (see :class:`_Canonical`)."""
+    return ast.dump(_canonical(fn), annotate_fields=False, include_attributes=False)
+
+
+_NOT_COUNTED = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+
+
+def body_size(fn: ast.AST) -> tuple[int, int]:
+    """(statements, AST nodes) of a function's normalised body (its ``def`` itself, docstrings,
+    annotations, expression contexts and operators not counted): what size evidence reads."""
+    copy = _canonical(fn)
+    statements = sum(isinstance(n, ast.stmt) for n in ast.walk(copy)) - 1
+    nodes = sum(not isinstance(n, _NOT_COUNTED) for n in ast.walk(copy)) - 1
+    return statements, nodes
+
+
+def _long_enough(size: tuple[int, int]) -> bool:
+    return size[0] >= COPY_MIN_STATEMENTS and size[1] >= COPY_MIN_NODES
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9_]+", text.lower())
+
+
+def _grams(text: str, n: int = COPY_MIN_WORDS) -> set[tuple[str, ...]]:
+    """Runs of ``n`` consecutive words of ``text`` (lower case, punctuation dropped)."""
+    words = _words(text)
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def _comments(source: str, first: int, last: int) -> list[str]:
+    """The ``#`` comments on lines ``first``..``last`` (1-based) of ``source``."""
+    import io
+    import tokenize
+
+    out = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT and first <= tok.start[0] <= last:
+                out.append(tok.string.lstrip("#"))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return out
+
+
+def function_text(fn: ast.AST, source: str) -> str:
+    """The prose of a function: its (and its nested functions') docstrings and bare strings, and
+    the comments on its lines of ``source`` (the text ``fn`` was parsed from)."""
+    strings = [sub.value.value for sub in ast.walk(fn) if isinstance(sub, ast.Expr)
+               and isinstance(sub.value, ast.Constant) and isinstance(sub.value.value, str)]
+    return "\n".join(strings + _comments(source, fn.lineno, fn.end_lineno or fn.lineno))
+
+
+def _library_entries(library_dir=None):
+    """``(node, "rlhf_lab.<module>.<name>", (module, top-level name), module)`` for every
+    non-trivial function of the library (nested ones and methods included, with the top-level
+    function or class they belong to), in library order."""
+    library_dir = _require_dir(library_dir or _installed_library(), "library_dir")
+    for module, tree in _modules(library_dir).items():
+        for top in tree.body:
+            owner = (module, top.name) if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                else None
+            for node in ast.walk(top):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _trivial(node):
+                    yield node, f"rlhf_lab.{module + '.' if module else ''}{node.name}", owner, module
 
 
 def _library_functions(library_dir=None):
     """``(node, "rlhf_lab.<module>.<name>")`` for every non-trivial function of the library (nested
     ones included; a trivial one is a single ``return`` of a name or constant), in library order."""
-    library_dir = _require_dir(library_dir or _installed_library(), "library_dir")
-    for module, tree in _modules(library_dir).items():
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _trivial(node):
-                yield node, f"rlhf_lab.{module + '.' if module else ''}{node.name}"
+    for node, name, _, _ in _library_entries(library_dir):
+        yield node, name
 
 
 def reference_fingerprints(library_dir=None) -> dict[str, str]:
@@ -922,30 +1015,56 @@ def _shape(fn: ast.AST) -> tuple:
             a.kwarg is not None, tuple(kinds) or ("Pass",))
 
 
+@dataclass
+class _Entry:
+    node: ast.AST
+    name: str                      # "rlhf_lab.<module>.<name>"
+    owner: tuple | None            # (module, top-level function or class) it belongs to
+    module: str
+    dump: str | None = None        # normalised, computed when an answer has its shape
+    text: str | None = None        # its docstrings and comments, read when it matched
+
+
 class ReferenceIndex:
     """:func:`reference_fingerprints`, normalising a library function only when an answer could match it.
 
     Normalising the whole library costs about a second of CPU per grading process; an answer
     function is compared only with the library functions of its :func:`_shape`, each normalised
-    once. ``match(fn)`` gives what ``reference_fingerprints().get(normalised(fn))`` gives."""
+    once. ``match(fn)`` gives what ``reference_fingerprints().get(normalised(fn))`` gives;
+    :meth:`matches` gives every library function of ``fn``'s form, with what copy evidence needs."""
 
     def __init__(self, library_dir=None):
-        self._buckets: dict[tuple, list] = {}
-        for node, name in _library_functions(library_dir):
-            self._buckets.setdefault(_shape(node), []).append([node, name, None])  # [node, name, its dump]
+        self.library_dir = _require_dir(library_dir or _installed_library(), "library_dir")
+        self._buckets: dict[tuple, list[_Entry]] = {}
+        for node, name, owner, module in _library_entries(self.library_dir):
+            self._buckets.setdefault(_shape(node), []).append(_Entry(node, name, owner, module))
+
+    def matches(self, fn: ast.AST, within=None) -> list[_Entry]:
+        """Library functions (in library order) whose normalised dump is ``fn``'s; with ``within``
+        (``(module, name)`` pairs), only those that are or belong to one of these functions."""
+        candidates = [e for e in self._buckets.get(_shape(fn), ()) if within is None or e.owner in within]
+        if not candidates:
+            return []
+        dump = normalised(fn)
+        out = []
+        for entry in candidates:
+            if entry.dump is None:
+                entry.dump = normalised(entry.node)
+            if entry.dump == dump:
+                out.append(entry)
+        return out
 
     def match(self, fn: ast.AST) -> str | None:
         """The first library function (in library order) whose normalised dump is ``fn``'s, or None."""
-        candidates = self._buckets.get(_shape(fn))
-        if not candidates:
-            return None
-        dump = normalised(fn)
-        for entry in candidates:
-            if entry[2] is None:
-                entry[2] = normalised(entry[0])
-            if entry[2] == dump:
-                return entry[1]
-        return None
+        found = self.matches(fn)
+        return found[0].name if found else None
+
+    def text(self, entry: _Entry) -> str:
+        """The library function's docstrings and comments (:func:`function_text`)."""
+        if entry.text is None:
+            path = _module_files(self.library_dir)[entry.module]
+            entry.text = function_text(entry.node, path.read_text(encoding="utf-8"))
+        return entry.text
 
 
 def _trivial(fn) -> bool:
@@ -955,33 +1074,126 @@ def _trivial(fn) -> bool:
                                   for s in body)
 
 
-def suspicious_copies(notebook, library_dir=None, refs: ReferenceIndex | None = None) -> list[Finding]:
-    """Answer-cell functions of ``notebook`` that are library functions up to names and formatting.
+def copy_scope(key: str | None, given=(), library_dir=None) -> frozenset:
+    """Library functions ``(module, name)`` whose copy :func:`suspicious_copies` reports for the
+    notebook ``key`` (``"<assignment>/<notebook>"``): those its students are asked to write
+    (:data:`MANIFEST`) and are not given: neither used by the notebook's given code (``given``,
+    :func:`given_names`) nor by a library function that code uses. A key the manifest does not know
+    gives the names of its assignment's notebooks, or of every notebook."""
+    library_dir = _require_dir(library_dir or _installed_library(), "library_dir")
+    if key in MANIFEST:
+        names = MANIFEST[key]
+    else:
+        names = names_for(key.split("/")[0], None) if key else ()
+        names = names or tuple(sorted({n for v in MANIFEST.values() for n in v}))
+    trees = _modules(library_dir)
+    edges, _ = dependency_graph(library_dir)
+    needed = _closure({_resolve(p, trees) for p in given if p[0] in trees}, edges)
+    return frozenset(pair for pair in edges if pair[1] in names and pair not in needed)
+
+
+def _key_of(notebook) -> str | None:
+    if isinstance(notebook, (str, os.PathLike)):
+        path = Path(notebook)
+        if path.parent.name:
+            return f"{path.parent.name}/{path.stem}"
+    return None
+
+
+def model_forms(source_notebook) -> set[str]:
+    """Normalised dumps of every function in the solution cells of a source notebook (the model
+    answers): an identical body is never size evidence of a copy (:func:`suspicious_copies`)."""
+    out = set()
+    for cell in _cells(source_notebook):
+        if cell.get("cell_type") != "code" or not _nbgrader(cell).get("solution"):
+            continue
+        try:
+            tree = ast.parse(_strip_magics(_source(cell)))
+        except SyntaxError:
+            continue
+        out |= {normalised(n) for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return out
+
+
+def notebook_text(notebook) -> str:
+    """Every cell's text of a notebook (a path or a notebook dict), one after the other."""
+    return "\n".join(_source(c) for c in _cells(notebook))
+
+
+def suspicious_copies(notebook, library_dir=None, refs: ReferenceIndex | None = None, *, key: str | None = None,
+                      given=None, given_text: str | None = None, model=()) -> list[Finding]:
+    """Answer-cell functions of ``notebook`` that copy library code its students must write.
+
+    A function is reported when (see the comment above :data:`COPY_MIN_STATEMENTS`) it is, up to
+    names, comments and formatting, a library function of :func:`copy_scope` and it carries
+    evidence beyond what a correct answer of the same form shares: the library function's
+    docstring or comments (:data:`COPY_MIN_WORDS` consecutive words the notebook does not give),
+    or a body long enough (:data:`COPY_MIN_STATEMENTS`, :data:`COPY_MIN_NODES`) that is not a
+    model answer's form (``model``: normalised dumps, :func:`model_forms`).
 
     ``notebook``: a path to an ``.ipynb`` file or a notebook dict. Answer cells are nbgrader
     solution cells; a cell that does not parse is skipped (nbgrader reports it when it runs).
+    ``key``: the notebook's manifest key (default: ``<folder>/<stem>`` of a path, else unknown).
+    ``given``: the library names the notebook's given code uses (default: :func:`given_names` of
+    ``notebook``); ``given_text``: the text the notebook gives (default: its non-answer cells).
     ``refs``: an index of the library built earlier (a grading process builds one for all its
     notebooks), else one of ``library_dir`` is built. The check reads text only; nothing of the
     notebook runs.
     """
     cells = _cells(notebook)
     refs = refs or ReferenceIndex(library_dir)
+    key = key if key is not None else _key_of(notebook)
+    if given is None:
+        given = given_names({"cells": cells})
+    if given_text is None:
+        given_text = "\n".join(_source(c) for c in cells if not _nbgrader(c).get("solution"))
+    scope = copy_scope(key, given, refs.library_dir)
+    known = _grams(given_text)
+    model = set(model)
     findings: list[Finding] = []
     for index, cell in enumerate(cells):
         meta = _nbgrader(cell)
         if cell.get("cell_type") != "code" or not meta.get("solution"):
             continue
+        source = _strip_magics(_source(cell))
         try:
-            tree = ast.parse(_strip_magics(_source(cell)))
+            tree = ast.parse(source)
         except SyntaxError:
             continue
+        flagged: list[tuple[int, int]] = []  # line spans of the functions reported in this cell
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                match = refs.match(node)
-                if match is not None:
-                    findings.append(Finding(str(meta.get("grade_id") or f"cell {index}"), node.name, match,
-                                            node.lineno))
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    or any(a <= node.lineno <= b for a, b in flagged):  # inside a reported copy
+                continue
+            entries = refs.matches(node, scope)
+            if not entries:
+                continue
+            evidence = _evidence(node, source, entries, refs, known, model)
+            if evidence is not None:
+                entry, why = evidence
+                findings.append(Finding(str(meta.get("grade_id") or f"cell {index}"), node.name, entry.name,
+                                        node.lineno, why))
+                flagged.append((node.lineno, node.end_lineno or node.lineno))
     return findings
+
+
+def _evidence(node, source: str, entries: list, refs: ReferenceIndex, known: set, model: set):
+    """(library entry, why) when the answer function ``node`` carries evidence of copying one of
+    ``entries`` beyond its form, else None."""
+    words = _words(function_text(node, source))
+    own = [tuple(words[i:i + COPY_MIN_WORDS]) for i in range(len(words) - COPY_MIN_WORDS + 1)]
+    for entry in entries:
+        library = _grams(refs.text(entry)) - known
+        shared = [gram for gram in own if gram in library]  # in the answer's order
+        if shared:
+            return entry, f"its docstring or comments repeat the library's: \"{' '.join(shared[0])} ...\""
+    if normalised(node) in model:
+        return None
+    size = body_size(node)
+    if _long_enough(size):
+        return entries[0], (f"a body of {size[0]} statements, long enough that the same code is not a "
+                            "coincidence")
+    return None
 
 
 def main(argv=None) -> int:

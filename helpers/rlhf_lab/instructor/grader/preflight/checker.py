@@ -89,8 +89,8 @@ class Checker:
         if foreign:
             return out
         out += locked_cell_findings(F, name, spec, nb)
-        # answers that are a library function up to names, comments and formatting: for review only
-        out += library_copy_findings(F, nb)
+        # answers that copy library code the students must write (with evidence): for review only
+        out += library_copy_findings(F, nb, self.assignment, name, spec, self.root)
         # statements that rebind JAX, NumPy, builtins or the course library: withheld for review
         out += rebinding_findings(F, name, spec, nb)
         return out

@@ -3,8 +3,10 @@
 Nothing a student cell does inside its kernel can change a grade (the judge decides, the kernel is
 sandboxed), so these read what the code does only to report it:
 
-* ``library-copy`` (warn): an answer function equal to a library function up to names, comments,
-  docstrings and formatting (:func:`..library_build.suspicious_copies`'s comparison);
+* ``library-copy`` (warn): an answer function that copies library code the notebook asks students
+  to write and does not give: equal to it up to names, comments, docstrings and formatting, with
+  evidence beyond what a correct answer of that form shares (the library's docstring or comments,
+  or a long body that is no model answer's; :func:`..library_build.suspicious_copies`);
 * ``rebinding`` / ``introspection`` (block): a statement in an answer or added cell that rebinds an
   attribute of JAX, NumPy, builtins or the course library, or ``sys.modules``, or reads frames,
   the garbage collector, tracing or ``ctypes`` (:mod:`..rebinding`); the test cells at or below it
@@ -20,25 +22,64 @@ from .findings import BLOCK, WARN, Finding
 from .release import NotebookSpec, cell_source, nbg
 
 
-def library_copy_findings(F, nb) -> list[Finding]:
-    """``library-copy`` findings of ``nb``; ``F`` builds a :class:`.Finding` of this notebook."""
+def library_copy_findings(F, nb, assignment: str | None = None, name: str | None = None,
+                          spec: NotebookSpec | None = None, root=None) -> list[Finding]:
+    """``library-copy`` findings of ``nb``; ``F`` builds a :class:`.Finding` of this notebook.
+
+    ``assignment`` / ``name`` (the notebook's file name), ``spec`` (its release) and ``root`` (the
+    course) say what the notebook gives and asks (:func:`library_copies`)."""
     return [F(cell=None, grade_id=copy_.cell, line=copy_.line, code="library-copy", severity=WARN,
               message=f"{copy_}; reported for review (the answer is judged on its outputs)")
-            for copy_ in library_copies(nb)]
+            for copy_ in library_copies(nb, assignment, name, spec, root)]
 
 
 _INDEX: list = []  # [the installed library's ReferenceIndex], built once per process
+#: (course root, assignment, notebook) -> what :func:`library_copies` reads of its release and source
+_CONTEXT: dict = {}
 
 
-def library_copies(nb) -> list:
-    """Answer-cell functions that are a library function up to names (text only; nothing runs):
-    :func:`rlhf_lab.instructor.grader.library_build.suspicious_copies`, with the library read once."""
+def _context(assignment, name, spec, root) -> dict:
+    """What the notebook gives and its model answers: ``key``, ``given`` (library names its given
+    code uses), ``given_text`` (every release cell's text, and the source notebook's when the
+    course has it) and ``model`` (:func:`..library_build.model_forms` of the source notebook)."""
+    from pathlib import Path
+
+    from .. import library_build as lb
+
+    ident = (str(root), assignment, name)
+    if ident in _CONTEXT:
+        return _CONTEXT[ident]
+    out: dict = {"key": lb.notebook_key(assignment, name) if assignment and name else None}
+    texts = []
+    if spec is not None:
+        given_cells = [{"cell_type": c.cell_type, "source": c.source, "metadata": {}}
+                       for c in spec.cells if c.kind == "given"]
+        out["given"] = lb.given_names({"cells": given_cells})
+        texts += [c.source for c in spec.cells]
+    source = Path(root) / "source" / assignment / name if root and assignment and name else None
+    if source is not None and source.is_file():
+        out["model"] = lb.model_forms(source)
+        texts.append(lb.notebook_text(source))
+    if spec is not None or texts:
+        out["given_text"] = "\n".join(texts)
+    _CONTEXT[ident] = out
+    return out
+
+
+def library_copies(nb, assignment: str | None = None, name: str | None = None, spec: NotebookSpec | None = None,
+                   root=None) -> list:
+    """Answer-cell functions that copy library code the notebook's students must write (text only;
+    nothing runs): :func:`rlhf_lab.instructor.grader.library_build.suspicious_copies`, with the
+    library read once, the notebook's given code and text read from its release ``spec`` and the
+    model answers from ``<root>/source/<assignment>/<name>`` when the course has it (a model
+    answer's form is never evidence of a copy). Without them the notebook's own non-answer cells
+    are what it gives and every function some notebook asks for is in scope."""
     from .. import library_build as lb
 
     try:
         if not _INDEX:
             _INDEX.append(lb.ReferenceIndex())
-        return lb.suspicious_copies(nb, refs=_INDEX[0])
+        return lb.suspicious_copies(nb, refs=_INDEX[0], **_context(assignment, name, spec, root))
     except Exception:  # noqa: BLE001 - a review aid must never stop the pre-flight
         return []
 
