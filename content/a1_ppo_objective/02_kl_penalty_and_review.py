@@ -9,11 +9,12 @@
 # %% [markdown] nbgrader={"grade": false, "grade_id": "title", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # # a1 · PPO's objective, part 2: the KL penalty against a reference policy
 #
-# Notebook 1's clip only limits how much one batch can push the policy. Nothing in it stops a
-# long run of modest steps from adding up, batch after batch, to a policy that no longer looks
-# like the model training started from. RLHF therefore also charges the reward for distance:
-# it subtracts β times the KL divergence from the **reference policy**, a copy of the
-# starting model (in practice, the supervised fine-tuned one) that is frozen for the whole run.
+# Notebook 1's clip removes a sample's incentive to move its ratio further outside the band in
+# the direction its advantage favours. It does not bound the step, and nothing in it stops modest
+# steps from adding up, batch after batch, to a policy that no longer looks like the model
+# training started from. RLHF therefore also charges for distance: β times the KL divergence from
+# the **reference policy**, a copy of the starting model (in practice, the supervised fine-tuned
+# one) that is frozen for the whole run.
 #
 # **You will be able to** compute the exact KL between two categorical policies in log space,
 # say what β trades, and show with `jax.grad` which part of the PPO loss still pulls when every
@@ -71,7 +72,9 @@ BETA = 0.1
 #
 # The direction matters: the sum is weighted by the **current policy** $\pi$, so the penalty
 # is large when the policy puts probability where the reference puts little. $\beta > 0$ sets
-# the exchange rate between reward and drift.
+# the exchange rate between reward and drift. With $r$ the policy's expected reward, this is the
+# value of the regularised objective $\mathbb E_\pi[r] - \beta\,\mathrm{KL}$ for that policy: one number
+# per policy, for comparing policies.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task4_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Task 2.1: `kl_divergence` (5 points)
@@ -180,9 +183,12 @@ fig.tight_layout()
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "read_kl", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # The raw reward is the same in both cases; only the drift differs. The close reference costs
-# almost nothing, the far one removes about a fifth of the reward. In a full RLHF run this
-# term is charged at every step, so sustained drift turns into a steady pull back towards
-# the reference.
+# almost nothing, the far one removes about a fifth of the reward. These are values of the
+# objective, one per policy. Subtracted as that one number from the reward of every sample, β·KL
+# shifts all rewards by the same constant, and a constant shift changes no policy gradient (`a2_ppo_rlhf`,
+# notebook 3, section 4, computes it exactly). What pulls the policy back towards the reference is a
+# penalty that differs per sample, $-\beta\,(\log\pi(a) - \log\pi_\text{ref}(a))$, whose expectation is
+# the KL, or a KL term in the loss, as in Task 2.6 below.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ex2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Task 2.3: how sensitive is the penalty to β? (3 points)
@@ -555,8 +561,10 @@ print("clipped_kl_loss: visible checks passed")
 # ### BEGIN SOLUTION
 # **Model answer.** A full PPO iteration samples responses from the live policy, scores them with
 # a reward model, estimates each advantage with a value function (a critic), then updates the
-# weights of a real model, and repeats this many times; none of that runs here, since it needs a
-# real model, a critic and many iterations, far beyond what a small CPU exercise can afford.
+# weights of a real model, and repeats this many times. None of that runs in this assignment, which
+# isolates the objective; the course runs it later, on a CPU: `a2_ppo_rlhf` fits a reward model and
+# trains the loop on a three-action bandit, and `a3_ppo_sequences` on short sequences from a small
+# network, with a critic and GAE.
 #
 # What the assignment does check, on hand-picked numbers, are the two formulas that keep PPO's
 # updates safe: the clipped surrogate objective
@@ -565,9 +573,11 @@ print("clipped_kl_loss: visible checks passed")
 #
 # **Rubric (1 point).** Full credit: names what a full PPO iteration needs and is not run here (rollouts from a live
 # policy, a reward model scoring them, a value function / critic for the advantage, many
-# iterations of weight updates on a real model: too expensive for a CPU toy) and the two
-# verified pieces: the clipped surrogate objective and the KL penalty against a frozen
-# reference policy, the two formulas that keep PPO's updates safe.
+# iterations of weight updates) and the two verified pieces: the clipped surrogate objective and
+# the KL penalty against a frozen reference policy, the two formulas that keep PPO's updates safe.
+# No reason for leaving the rest out is required; "too expensive for a CPU" is not a correct one
+# (`a2_ppo_rlhf` and `a3_ppo_sequences` run rollouts, a fitted reward model, a critic and runs of
+# 200 iterations on a CPU), so it earns nothing by itself.
 # ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cyu_q2_text", "locked": true, "schema_version": 3, "solution": false, "task": false}

@@ -256,9 +256,9 @@ plt.show()
 #
 # | metric | formula | what it tells you |
 # |---|---|---|
-# | `clip_frac` | mean of $\lvert r_i - 1\rvert > \epsilon$ | the share of samples outside the band, where the clip has removed the incentive (no gradient from the surrogate term of a sample moving the way its advantage wants) |
+# | `clip_frac` | mean of $\lvert r_i - 1\rvert > \epsilon$ | the share of samples whose ratio is outside the band (CleanRL's `clipfrac`); the clip binds only on those of them that are outside on the side their advantage pushes, which this section also counts |
 # | `k1` | mean of $-\log r_i$ | the plain sampled estimate of $\mathrm{KL}(\pi_{\text{old}}\Vert\pi_\theta)$; unbiased on fresh samples from $\pi_{\text{old}}$, but a single sample can be negative |
-# | `k3` | mean of $(r_i - 1) - \log r_i$ | the same KL with a control variate: every term is $\ge 0$ and the variance is lower |
+# | `k3` | mean of $(r_i - 1) - \log r_i$ | the same KL with a control variate: every term is $\ge 0$; its variance is lower than `k1`'s while the ratios stay near 1 (the policy close to $\pi_{\text{old}}$), not in general: `a3_ppo_sequences` measures it far larger than `k1`'s far from the reference |
 # | `exact_kl` | $\sum_a \pi_{\text{old}}(a)\,(\log\pi_{\text{old}}(a) - \log\pi_\theta(a))$ | what `k1` and `k3` estimate, summed exactly (possible here, with three actions) |
 #
 # These measure how far the inner steps have moved the policy from the **behaviour** policy of the
@@ -346,9 +346,9 @@ print("inner diagnostics: visible checks passed")
 #
 # * **Ratio at step 1:** exactly 1 for every sample, because the batch was just drawn from the
 #   current policy; the clip cannot bind yet, and the first step is a plain policy-gradient step.
-# * **Clip fraction:** 0 at step 1, then every sample leaves the band after one step at this large
-#   learning rate; from then on only the β·KL term (and no surrogate term) pushes on those samples,
-#   so the steps shrink back towards the reference.
+# * **Clip fraction:** 0 at step 1, then 1.000: after one step at this large learning rate every
+#   ratio is outside the band. Outside the band is not the same as clipped: the next cell counts the
+#   samples on which the clip binds.
 # * **k1:** far below the exact KL here: the inner steps raised the probability of exactly the
 #   sampled actions with positive advantage, so on *this* batch $-\log r$ is biased low (it is
 #   unbiased only on fresh samples).
@@ -357,21 +357,90 @@ print("inner diagnostics: visible checks passed")
 # * **Exact KL:** the ground truth the estimators aim at; in a language model it cannot be summed,
 #   which is why the estimators exist.
 
+# %% nbgrader={"grade": false, "grade_id": "clip_binds_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# the lesson's batch again (key 1, 32 samples from the reference) with its frozen advantages
+from rlhf_lab.ppo import exact_advantages   # given: A_i = r(a_i) - sum_a pi_old(a) r(a)
+
+diag_old_logp_all = jax.nn.log_softmax(jnp.asarray(init_logits))
+diag_actions = np.asarray(jax.random.categorical(jax.random.key(1), diag_old_logp_all, shape=(32,)))
+diag_adv = np.asarray(exact_advantages(diag_actions, rewards, diag_old_logp_all))
+diag_ratio = np.asarray(diag["ratio"])                          # [4 inner steps, 32 samples]
+outside_band = np.abs(diag_ratio - 1.0) > 0.2                   # CleanRL's clipfrac counts these
+clip_binds = ((diag_adv > 0) & (diag_ratio > 1.2)) | ((diag_adv < 0) & (diag_ratio < 0.8))   # TRL's pg_clipfrac
+print("inner step | outside the band (clipfrac) | clip binds (pg_clipfrac)")
+for e in range(4):
+    print(f"{e + 1:10d} | {outside_band[e].mean():26.3f} | {clip_binds[e].mean():.3f}")
+print("at inner step 2, per action: samples, advantage, ratio, clip binds")
+for a in range(3):
+    k = diag_actions == a
+    print(f"  action {a}: {k.sum():2d} samples, A = {diag_adv[k][0]:+.3f}, ratio {diag_ratio[1][k][0]:.3f}, "
+          f"binds: {bool(clip_binds[1][k][0])}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "read_clip_binds_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Outside the band is not clipped.** The clip binds where the ratio has left the band on the side
+# its advantage pushes ($A > 0$ above $1 + \epsilon$, $A < 0$ below $1 - \epsilon$): there the minimum
+# picks the clipped product and that sample's surrogate gradient is 0. Action 1 has a small positive
+# advantage (+0.045), but the first step moved probability to action 0 and its ratio fell to 0.695,
+# below the band on the other side. For its 8 samples the minimum picks $\rho A$, so their gradient is
+# intact and pulls action 1 back up. From step 2 on all 32 ratios are outside the band (1.000) while
+# the clip binds on 24 of them (0.750). Implementations log one or the other: CleanRL's `clipfrac` is
+# the first column (and Task 3.3's `clip_frac`), TRL's and verl's `pg_clipfrac` count where the
+# clipped term is the one chosen, the second.
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "kl_where_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 4. Where the KL goes
 #
-# `a1_ppo_objective` subtracts the penalty from the **reward**: $\tilde r = r - \beta\,\mathrm{KL}$, and the
-# policy-gradient step uses $\tilde r$. This assignment adds it to the **loss**: $L = -\text{surrogate} +
-# \beta\,\mathrm{KL}(\pi_\theta\Vert\pi_{\text{ref}})$, differentiated exactly.
+# `a1_ppo_objective` wrote the penalised reward $r - \beta\,\mathrm{KL}(\pi\Vert\pi_{\text{ref}})$ with one
+# exact KL per policy. That is the value of the objective $J = \mathbb E_\pi[r] - \beta\,\mathrm{KL}(\pi\Vert
+# \pi_{\text{ref}})$ for that policy, but as a **reward** in a policy-gradient step it is one number
+# subtracted from every sample: a constant shift, which (like a baseline) changes no gradient. Two
+# placements do follow $\nabla J$:
 #
-# * **When they agree.** Both maximise the same objective $J = \mathbb E_\pi[r] - \beta\,\mathrm{KL}(\pi\Vert
-#   \pi_{\text{ref}})$, with the same optimum $\pi^* \propto \pi_{\text{ref}}\,e^{r/\beta}$. With exact
-#   expectations, no clipping and one step per batch, the two gradients are equal.
-# * **When they do not.** In the reward, the penalty is a per-sample number frozen when the batch is
-#   collected: it is whitened and clipped together with the advantage, and it sees only the sampled
-#   actions. In the loss, the penalty is recomputed at every inner step, is never clipped (its
-#   gradient survives when every surrogate term is clipped, as section 3 showed) and, here, is summed
-#   over all actions.
+# * **per sample, in the reward:** $\tilde r(a) = r(a) - \beta\,(\log\pi(a) - \log\pi_{\text{ref}}(a))$,
+#   whose expectation under $\pi$ is the KL; the score-function gradient of $\tilde r$ is $\nabla J$;
+# * **in the loss** (this assignment): $L = -\text{surrogate} + \beta\,\mathrm{KL}(\pi_\theta\Vert\pi_{\text{ref}})$,
+#   differentiated exactly.
+#
+# The next cell checks this exactly, with no sampling: for a policy that has moved away from the
+# reference it sums $\sum_a \pi(a)\,\nabla\log\pi(a)\,R(a)$ over the three actions for each choice of
+# the per-action reward $R$ (`jax.grad`, with $\pi$ and $R$ held fixed), beside `jax.grad` of $J$ itself.
+
+# %% nbgrader={"grade": false, "grade_id": "kl_placement_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
+moved_logits = jnp.array([1.0, 0.0, -1.0])                 # a policy that has moved away from the reference
+lesson_ref_logp = jax.nn.log_softmax(jnp.asarray(init_logits))
+moved_logp = jax.nn.log_softmax(moved_logits)
+
+
+def score_function_gradient(logits, per_action_reward):
+    """Exact sum_a pi(a) grad log pi(a) R(a): the expected policy-gradient step for rewards R, pi and R fixed."""
+    probs = jax.lax.stop_gradient(jax.nn.softmax(logits))
+    return jax.grad(lambda z: jnp.sum(probs * jax.nn.log_softmax(z) * per_action_reward))(logits)
+
+
+one_kl = categorical_kl(moved_logp, lesson_ref_logp)        # a1's single number for this policy
+placements = {
+    "reward r (no penalty)": rewards,
+    "r - beta KL, one KL for all": rewards - 0.2 * one_kl,
+    "r - beta (log pi - log pi_ref)": rewards - 0.2 * (moved_logp - lesson_ref_logp),
+}
+print(f"KL(pi || pi_ref) = {float(one_kl):.4f} nats, beta = 0.2; gradient of the objective w.r.t. the 3 logits:")
+for name, per_action in placements.items():
+    print(f"{name:34s}", " ".join(f"{g:+.4f}" for g in np.asarray(score_function_gradient(moved_logits, per_action))))
+objective = lambda z: (expected_reward(jax.nn.log_softmax(z), rewards)
+                       - 0.2 * categorical_kl(jax.nn.log_softmax(z), lesson_ref_logp))
+print(f"{'jax.grad of E[r] - beta KL':34s}", " ".join(f"{g:+.4f}" for g in np.asarray(jax.grad(objective)(moved_logits))))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "read_kl_placement_03", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Reading the gradients.** The first two rows are equal: subtracting one KL from every reward moved
+# nothing, because $\sum_a \pi(a)\nabla\log\pi(a) = 0$. The per-sample penalty gives exactly
+# `jax.grad` of $J$, smaller on action 0 and larger on action 2: it pulls back towards the reference.
+# Where the two working placements differ:
+#
+# * **In the reward, per sample,** the penalty is frozen when the batch is collected: it is whitened
+#   and clipped together with the advantage, and it sees only the sampled actions.
+# * **In the loss,** the penalty is recomputed at every inner step, is never clipped (its gradient
+#   survives when every surrogate term is clipped, as `a1_ppo_objective` showed) and, here, is summed
+#   over all actions. With exact expectations, no clipping and one step per batch, both give $\nabla J$.
 # * **Language models** put it in the reward, per token: `a3_ppo_sequences` gives each token the
 #   penalty $-\beta(\log\pi_\theta - \log\pi_{\text{ref}})$ of that token and adds the reward model's score at
 #   the last one, so the value function and GAE carry the penalty like any other reward.

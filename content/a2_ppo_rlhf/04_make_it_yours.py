@@ -164,6 +164,44 @@ np.testing.assert_allclose(enumerated, np.tile(exact, (len(baselines), 1)), atol
                            err_msg="for every baseline c the summed score terms must equal the exact "
                                    "reward gradient (a baseline changes the variance, not the mean)")
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "batch_baseline_intro_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# A constant $c$, $c = 0$ (no baseline) included, leaves the mean exactly where it is. A baseline
+# computed from the batch is not a constant: with $B$ samples and $b_i$ the batch's mean reward, each
+# sample's own reward is part of its baseline. The next cell enumerates every batch of $B$ actions
+# drawn from the probe policy, weighted by its probability (no sampling), and compares the expected
+# batch gradient $\frac1B\sum_i \nabla\log\pi(a_i)\,(r(a_i) - b_i)$ with the exact gradient, for the
+# batch mean with and without the sample itself.
+
+# %% nbgrader={"grade": false, "grade_id": "batch_baseline_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import itertools
+
+
+@jax.jit
+def batch_gradient(actions, baseline):
+    """(1/B) sum_i grad log pi(a_i) (r(a_i) - baseline_i) at the probe logits, the baseline held fixed."""
+    advantage = rewards[actions] - baseline
+    return jax.grad(lambda z: jnp.mean(jax.nn.log_softmax(z)[actions] * advantage))(probe)
+
+
+print("batch size B | E[batch gradient] / exact gradient, per logit   | 1 - 1/B")
+for B in (2, 3, 4):
+    batches = np.array(list(itertools.product(range(3), repeat=B)))        # all 3**B batches
+    weights = np.prod(probe_probs[batches], axis=1)                           # their probabilities
+    r_batch = np.asarray(rewards)[batches]
+    with_self = np.repeat(r_batch.mean(axis=1, keepdims=True), B, axis=1)
+    leave_out = (r_batch.sum(axis=1, keepdims=True) - r_batch) / (B - 1)
+    for name, baseline in (("mean with itself", with_self), ("mean of the others", leave_out)):
+        mean_grad = sum(w * np.asarray(batch_gradient(a, b)) for w, a, b in zip(weights, batches, baseline))
+        print(f"{B:12d} | {name:18s}: {' '.join(f'{x:.4f}' for x in mean_grad / exact)}  | {1 - 1 / B:.4f}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "batch_baseline_read_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Reading the table.** With the sample in its own baseline the expected gradient is the exact one
+# times $1 - 1/B$ (0.5000, 0.6667, 0.7500 for $B$ = 2, 3, 4): the direction is right, the step too short,
+# a bias that fades as the batch grows. The reason: $b_i$ contains $r(a_i)/B$, and
+# $\mathbb E[\nabla\log\pi(a_i)\,r(a_i)]/B$ is $1/B$ of the gradient. The mean of the other samples
+# (RLOO's baseline) does not depend on $a_i$, so it is unbiased (1.0000), like a constant $c$ or no
+# baseline at all; those differ only in variance.
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "kl_04", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 3. KL at the reference (not graded)
 #
@@ -528,7 +566,8 @@ plt.show()
 # (0.50 nats). A run's final policy is not $\pi^*_\beta$ because PPO takes finitely many steps (20
 # rollouts here) with a finite learning rate, each from a sampled batch, so the path is noisy (the
 # seed intervals of section 6) and unfinished; and clipping removes the incentive on samples past
-# $1\pm\varepsilon$, which slows each rollout's step (the ε = 0.1 runs lag most). No run lies above
+# the band in the direction their advantage favours, which slows each rollout's step (the ε = 0.1
+# runs lag most). No run lies above
 # the curve: $\pi^*_\beta$ maximises $\mathbb E[r]-\beta\,\mathrm{KL}$ over all policies, so a policy with more
 # reward at no more KL would have a larger objective than the maximiser, a contradiction; the
 # frontier is the most reward at each KL (the Lagrangian of that constrained problem). Between
@@ -551,8 +590,8 @@ plt.show()
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "diagnose_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # A classmate's run prints ratios that are exactly 1.0 on every inner step, a clip fraction
-# (the share of a batch's samples whose ratio lies outside $[1-\varepsilon, 1+\varepsilon]$, where
-# the clip removes the incentive) of 0 throughout, and a reward curve that still rises. In a second project the learned
+# (the share of a batch's samples whose ratio lies outside $[1-\varepsilon, 1+\varepsilon]$, CleanRL's
+# `clipfrac`; the clip binds only on part of them) of 0 throughout, and a reward curve that still rises. In a second project the learned
 # reward keeps rising while an independent human evaluation gets worse. For each case,
 # say what you suspect and one concrete check you would run to confirm it (the clip fraction is defined in notebook 3, section 3).
 
@@ -561,7 +600,8 @@ plt.show()
 # **Model answer.** Ratios of exactly 1 on every inner step mean the behaviour log probs are recomputed from
 # the current parameters after each step (or taken through the same parameters), so
 # `old_logp` is not frozen at collection time. The update collapses to a plain
-# policy-gradient step and clipping can never engage. Check: store `old_logp` when the
+# policy-gradient step and clipping can never engage (both fractions of notebook 3, outside the band and
+# where the clip binds, stay 0). Check: store `old_logp` when the
 # batch is sampled and assert it is identical across all inner epochs; print the ratio
 # after the second inner step, which must differ from 1. Reward rising while an
 # independent evaluation falls suggests reward exploitation (over-optimising a weak reward
@@ -712,7 +752,9 @@ else:
 # 3. **Negative-advantage samples never bounded below:** the minimum was taken over the ratios;
 #    take it over the products.
 # 4. **Non-zero gradient with respect to `old_logp` or the advantages:** wrap them in `stop_gradient`.
-# 5. **Learning but biased:** no baseline, or a batch-mean baseline where the exact one is asked.
+# 5. **Gradient too short:** a batch-mean baseline that includes the sample itself, where the exact
+#    one is asked, scales the expected gradient by $1 - 1/B$ (section 2 enumerates it). No baseline
+#    is not biased: it leaves the mean unchanged (section 2, $c = 0$) and only raises the variance.
 # 6. **Numbers equal to the printed ones, but wrong on fresh inputs:** values copied, not computed.
 # 7. **NaN for a small β:** $e^{r/\beta}$ overflowed; work in log space.
 #

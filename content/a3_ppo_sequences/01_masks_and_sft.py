@@ -204,7 +204,8 @@ else:
 #
 # the mean of $-\log\sigma$ of the margin between the chosen and the rejected response. Write
 # `preference_loss(chosen_score, rejected_score)` on the two `[n]` arrays of scores. Use
-# `jax.nn.softplus`: `-log(sigmoid(m))` underflows to infinity for very negative margins.
+# `jax.nn.softplus`: in float32 `sigmoid(m)` underflows to 0 for margins below about -87, so
+# `-log(sigmoid(m))` is `inf` there and its gradient `nan`, while `softplus(-m)` stays finite (about `-m`).
 
 # %% nbgrader={"grade": false, "grade_id": "preference_loss_seq_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def preference_loss(chosen_score, rejected_score):

@@ -380,9 +380,9 @@ for form, design in forms.items():
 # its form. On this machine: best-of-n's gold peaks at d = 1.58 (n = 32) and the quadratic puts its
 # peak at 1.61; the gold of $\pi^*_\beta$ peaks at d = 1.25 (beta = 0.30; the grid's neighbours are at
 # 1.08 and 1.53) and the RL form puts its peak at 1.18. The quadratic fitted to $\pi^*_\beta$ instead
-# would say 1.64, which is not close to 1.25. Neither form fits $\pi^*_\beta$ closely (errors of 0.16
-# and 0.19), and on the seven points of the PPO run the quadratic happens to do better than the RL
-# form: these are empirical forms, not laws.
+# would say 1.64, which is not close to 1.25. Neither form fits $\pi^*_\beta$ closely (errors of 0.161
+# and 0.195), and on the seven points of the PPO run the quadratic happens to do better than the RL
+# form (0.079 against 0.143): these are empirical forms, not laws.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "gold_terms_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Which part of the gold reward moves?
@@ -579,7 +579,7 @@ else:
 # values -0.51 and -0.63; the bigram term is 0 for both (numbers from this machine). DPO's reward sees the curvature
 # in the target count and the length that the proxy misses: the comparison is between two reward
 # models, not two optimisers. And run longer, DPO over-optimises too: its gold reward peaks near step
-# 200 and then falls while its KL keeps growing (from 0.60 at 3.7 nats to 0.21 at 9.5 nats after
+# 200 and then falls while its KL keeps growing (from 0.595 at 3.68 nats to 0.210 at 9.49 nats after
 # 1,000 steps).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "grpo_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
