@@ -49,7 +49,7 @@ _bin = os.path.dirname(sys.executable)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
 
-# The judge imports JAX in this process, and every kernel, sandbox and trusted runtime is then started
+# The judge imports JAX in this process, and every kernel and sandbox is then started
 # with subprocess, whose fork is followed at once by exec: JAX's "os.fork() was called ... deadlock"
 # RuntimeWarning is about forks that go on running Python, not these, and would only alarm the instructor.
 import warnings  # noqa: E402

@@ -13,7 +13,7 @@ CPU time other programs used meanwhile are reported with the figures. Both must 
 grades, cell by cell.
 
 Where the CPU goes: while each demo runs, every process started after it is sampled (psutil, every
-half second) and its CPU time is added to a kind (grading kernels, trusted gradient runtimes, the
+half second) and its CPU time is added to a kind (grading kernels, the
 ``nbgrader autograde`` processes, the pool's workers with their judge server, feedback, the other
 nbgrader steps, the demo itself, ...). The sum over all kinds divided by the cores is the least wall
 time any scheduling of that work could take on this machine: the demo's CPU floor. A process's last
@@ -64,7 +64,6 @@ def cpu_snapshot() -> tuple[float, float]:
 #: (kind, test on the process's command line), first match wins: see :func:`kind_of`.
 KINDS = (
     ("grading kernels (one per notebook, sandboxed)", lambda c: "ipykernel" in c),
-    ("trusted gradient runtimes (one per notebook with gradient checks)", lambda c: "_IN, _OUT = _os.dup" in c),
     ("confinement wrappers (root-owned course)", lambda c: "confine.py" in c),
     ("nbgrader autograde (one per student and assignment)", lambda c: "nbgrader_cli.py autograde" in c),
     ("nbgrader generate_feedback", lambda c: "nbgrader_cli.py generate_feedback" in c),

@@ -376,7 +376,7 @@ def test_hub_instructor_autogrades_with_the_course_library_in_the_sandboxed_kern
     """The hub's servers run a venv without the course library (the instructor's copy comes through
     ``PYTHONPATH``, which the sandbox does not pass on wholesale): the instructor's ``nbgrader
     autograde`` of the collected submission runs the notebook's ``from rlhf_lab import grading`` in
-    its sandboxed kernel, and the gradient checks' trusted runtime imports it too."""
+    its sandboxed kernel, and the gradient checks trace the answers there."""
     a = klass.students[0]
     s = klass.settings()
     assignment = "a1_ppo_objective"

@@ -30,7 +30,7 @@ import pytest
 
 from rlhf_lab.instructor.grader import judge
 from rlhf_lab.judging import CHECKS, wire
-from rlhf_lab.judging.core import Jax, Key, Source
+from rlhf_lab.judging.core import GradingError, Jax, Key, Source
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,6 +185,98 @@ def test_a_forged_bridge_answer_still_has_to_be_right(kernel):
         assert _verdict(kernel, "test_ppo_surrogate") is not None
     finally:
         judge.install_bridge(kc)
+
+
+DETACHED = """
+import jax, jax.numpy as jnp
+def loss(x, w):
+    return jnp.sum(jnp.exp(jax.lax.stop_gradient(w)) * x) + jnp.sum(w ** 2)
+"""
+GX = np.array([0.5, -1.0, 2.0], np.float32)
+GW = np.array([0.1, 0.7, -0.3], np.float32)
+PLAIN = 2 * GW  # the detached loss's gradient w.r.t. w: only the square term
+TRUE = np.exp(GW) * GX + 2 * GW  # what a forger wants the judge to see
+
+
+def _kernel_grad(kernel):
+    km, kc = kernel
+    student = judge.RemoteStudent(kc, CHECKS["test_clipped_kl_loss"], 60, interrupt=km.interrupt_kernel)
+    return student.grad("loss", 1, Jax(GX), Jax(GW))
+
+
+@pytest.mark.parametrize("forgery", [
+    # the rule of stop_gradient replaced in JAX's rule table (reached by names built at run time)
+    """
+    import importlib
+    _ad = importlib.import_module("jax._src.interpreters." + "ad")
+    _prims = importlib.import_module("jax.extend.core." + "primitives")
+    _ad.primitive_jvps[_prims.stop_gradient_p] = lambda p, t: (p[0], t[0])
+    """,
+    # jax.grad and value_and_grad rebound, and the kernel's own frames walked to every global
+    """
+    import sys
+    _real = jax.grad
+    jax.grad = lambda f, argnums=0, **k: (lambda *a, **kw: _real(lambda *b: jnp.sum(b[1] ** 2) +
+                                          jnp.sum(jnp.exp(b[1]) * b[0]), argnums)(*a, **kw))
+    for _frame in [sys._getframe()]:
+        while _frame is not None:
+            _frame.f_globals.setdefault("grad", jax.grad)
+            _frame = _frame.f_back
+    """,
+    # stop_gradient rebound for the names the judge might use, and sys.modules swapped
+    """
+    import sys, types
+    _fake = types.ModuleType("jax")
+    _fake.__dict__.update(jax.__dict__)
+    _fake.grad = lambda f, argnums=0, **k: (lambda *a, **kw: jnp.ones(3))
+    sys.modules["jax_forged"] = _fake
+    """,
+], ids=["rule_table", "grad_and_frames", "sys_modules"])
+def test_gradient_forgeries_in_the_kernel_score_as_the_plain_mistake(kernel, forgery):
+    """The judge differentiates the program the function traces to with its own JAX: whatever the
+    kernel did to its own JAX, a detached loss gets the detached gradient (the plain mistake)."""
+    _run_in(kernel[1], DETACHED)
+    np.testing.assert_allclose(_kernel_grad(kernel), PLAIN, rtol=1e-6)  # the negative control
+    _run_in(kernel[1], forgery)
+    if "jax_forged" not in forgery:  # the forgery works in the kernel: its own jax.grad gives the forger's answer
+        _run_in(kernel[1], f"assert jnp.allclose(jax.grad(loss, 1)(jnp.array({GX.tolist()}), "
+                           f"jnp.array({GW.tolist()})), jnp.array({TRUE.tolist()}), rtol=1e-5)")
+    try:
+        np.testing.assert_allclose(_kernel_grad(kernel), PLAIN, rtol=1e-6)
+    finally:
+        kernel[0].restart_kernel(now=True)
+        kernel[1].wait_for_ready(timeout=60)
+        judge.install_bridge(kernel[1])
+
+
+def test_a_patched_make_jaxpr_that_sends_another_program_fails_on_its_value(kernel):
+    """A kernel whose ``jax.make_jaxpr`` traces another function (one with the gradient the forger
+    wants but not the value that ran) fails: the rebuilt program's value is not the function's."""
+    _run_in(kernel[1], DETACHED)
+    _run_in(kernel[1], """
+    _real_make_jaxpr = jax.make_jaxpr
+    jax.make_jaxpr = lambda f, *a, **k: _real_make_jaxpr(lambda x, *r: jnp.sum(jnp.exp(x) * 1.5), *a, **k)
+    """)
+    try:
+        with pytest.raises(GradingError, match="does not compute the value your function returned"):
+            _kernel_grad(kernel)
+    finally:
+        _run_in(kernel[1], "jax.make_jaxpr = _real_make_jaxpr")
+
+
+def test_a_program_over_the_wires_bounds_fails_its_check_alone(kernel):
+    """A function closing over 8 MB of constants: its program is refused as too large, named, and
+    the kernel answers the next request."""
+    _run_in(kernel[1], """
+    import numpy as np
+    _big = np.ones(2_000_000, np.float32)
+    def loss(x, w):
+        return jnp.sum(w * x) + 0.0 * jnp.sum(jnp.asarray(_big))
+    """)
+    with pytest.raises(GradingError, match="grader reads at most|over 1,048,576 bytes"):
+        _kernel_grad(kernel)
+    _run_in(kernel[1], DETACHED)
+    np.testing.assert_allclose(_kernel_grad(kernel), PLAIN, rtol=1e-6)
 
 
 def test_an_object_that_equals_everything_is_refused(kernel):
@@ -427,38 +519,3 @@ def test_a_discarded_background_client_is_closed_and_a_failed_one_is_none(kernel
     info.update(shell_port=1, iopub_port=2, stdin_port=3, control_port=4, hb_port=5)
     gone = judge.PendingClient(info, 1.0)
     assert gone.take(30) is None
-
-
-def test_a_notebooks_trusted_runtime_ends_with_its_notebook(monkeypatch):
-    """nbgrader makes one ``Execute`` per notebook: the runtime the judge started for a notebook is
-    closed when that notebook ends (its process, scratch folder, uid slot and compile-cache copy),
-    not left to the garbage collector or to the end of the grader process."""
-    closed = []
-
-    class Runtime:
-        def close(self):
-            closed.append(self)
-
-    class Base:
-        def preprocess(self, nb, resources=None, km=None):
-            self._rlhf_trusted_runtime = (nb, km, Runtime())
-            return nb, resources
-
-    class Execute(judge.JudgeCells, Base):
-        pass
-
-    executor = Execute()
-    executor.preprocess({"cells": []}, {})
-    assert len(closed) == 1 and executor._rlhf_trusted_runtime is None
-
-    class Failing(Base):
-        def preprocess(self, nb, resources=None, km=None):
-            super().preprocess(nb, resources, km)
-            raise RuntimeError("the kernel died")
-
-    class FailingExecute(judge.JudgeCells, Failing):
-        pass
-
-    with pytest.raises(RuntimeError):
-        FailingExecute().preprocess({"cells": []}, {})
-    assert len(closed) == 2  # also when the notebook stopped with an error

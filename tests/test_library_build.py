@@ -118,7 +118,7 @@ def test_plan_keeps_what_given_code_needs_and_removes_the_rest(tmp_path):
 
 
 def test_the_dependency_graph_is_computed_once_and_again_when_a_module_changes(tmp_path, monkeypatch):
-    """Every notebook plans a build twice (its kernel and its trusted runtime): the walk of the
+    """Every graded notebook plans a build (the grader's process plans many): the walk of the
     library is done once per process while its files are unchanged, and again after an edit."""
     lib = _toy_library(tmp_path)
     walks = []
@@ -134,7 +134,7 @@ def test_the_dependency_graph_is_computed_once_and_again_when_a_module_changes(t
 
 
 def test_the_given_names_of_a_source_notebook_are_read_once_and_again_when_it_changes(tmp_path, monkeypatch):
-    """The kernel and the trusted runtime of a notebook ask for the same build: its source notebook's
+    """The kernels of a class run ask for the same notebook's build again and again: its source notebook's
     given code is read once per process while the file is unchanged, and again after an edit."""
     import json
 

@@ -53,7 +53,7 @@ CASES, FILES = hr.build_cases()
 #: jax.grad, a slow answer against the one deadline): about 6 minutes of one core. The mechanisms of
 #: the other cases have faster tests of their own (test_planted_files: FIFOs and links through bare
 #: nbgrader; test_sandbox_scratch; test_html_safety(_browser); test_judge: huge and deep answers;
-#: test_trusted_runtime: NumPy losses and rewrites of JAX). Every case on both paths:
+#: test_program and test_judge: NumPy losses, rewrites of JAX and forged programs). Every case on both paths:
 #: ``RLHF_RUNTIME_CASES=all`` (about an hour).
 DEFAULT_CASES = "r10,r30,r41,r55"
 _CHOSEN = os.environ.get("RLHF_RUNTIME_CASES", DEFAULT_CASES)

@@ -5,8 +5,8 @@ Nothing here decides a grade. During autograding the hidden region of a test cel
 ``grading.judge("<grade id>")``, never runs in the kernel: the grader's judge
 (:mod:`rlhf_lab.instructor.grader.judge`) runs the check registered under that grade id in its own
 process, asks the kernel only for the outputs of the student's functions (over the wire bridge it
-installs, :mod:`rlhf_lab.judging.wire`), computes gradients in a trusted runtime where the
-notebook's other code never ran, and writes the verdict into the cell. The kernel is sandboxed and
+installs, :mod:`rlhf_lab.judging.wire`), computes gradients itself from the program a function
+traces to (:mod:`rlhf_lab.judging.program`), and writes the verdict into the cell. The kernel is sandboxed and
 gets a build of the library without the functions the notebook asks students to write. So this
 module holds no defence against the notebook's own code: a student who rebinds something here
 fools only the visible checks of their own notebook.

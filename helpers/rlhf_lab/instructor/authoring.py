@@ -415,13 +415,13 @@ def read_answer_cells(nb) -> set[int]:
     """Indices of the cells the hidden checks of ``nb``'s test cells read.
 
     A test cell's check (``rlhf_lab.judging.CHECKS[grade_id]``) asks for the functions and values in
-    its ``needs``; the cells that provide them are those the trusted runtime would run for them
-    (:func:`~rlhf_lab.instructor.grader.trusted_runtime.needed_cells`: the cells above the test cell that
-    bind a needed name, and, transitively, the names those cells read).
+    its ``needs``; the cells that provide them are
+    (:func:`~rlhf_lab.instructor.grader.cell_names.needed_cells`) the cells above the test cell that
+    bind a needed name, and, transitively, the names those cells read.
     """
     from rlhf_lab.judging import CHECKS
 
-    from .grader.trusted_runtime import needed_cells
+    from .grader.cell_names import needed_cells
 
     read: set[int] = set()
     for index, cell in enumerate(nb.cells):

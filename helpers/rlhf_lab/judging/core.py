@@ -16,7 +16,8 @@ What a check may ask a :class:`Student` for:
 ``call(name, *args, **kwargs)``
     the result of the notebook's function ``name`` on these inputs;
 ``grad(name, argnums, *args, **kwargs)``
-    ``jax.grad(name, argnums)(*args, **kwargs)`` evaluated on the student's side;
+    ``jax.grad(name, argnums)(*args, **kwargs)``, computed by the judge from the program the
+    function traces to on the student's side (:mod:`rlhf_lab.judging.program`);
 ``value(name)``
     a value the notebook computed (a number, an array, a dict of arrays);
 ``scenario(source, needs, *args, **kwargs)``
@@ -58,8 +59,7 @@ _repr = builtins.repr
 _type = builtins.type
 
 
-class GradingError(AssertionError):
-    """A check failed; the message is written for the student."""
+from .errors import GradingError  # noqa: E402 - re-exported: the checks' vocabulary
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,19 @@ def materialise(value, built: dict | None = None):
     return value
 
 
+def untraceable_message(task: str, error: str) -> str:
+    """The failure of a gradient check whose function JAX could not trace."""
+    return (f"{task}: the grader differentiates your function with jax.grad, and JAX could not trace it "
+            f"({error[:400]}). Compute it with jax.numpy operations on the inputs: no NumPy calls, float() "
+            "or Python `if` on array values")
+
+
+def unwrap(args) -> tuple:
+    """The check's arguments with each :class:`Jax` marker replaced by its array (what a gradient check's
+    rebuilt program is evaluated on)."""
+    return tuple(a.value if _isinstance(a, Jax) else a for a in args)
+
+
 class Student(Protocol):
     """What a check may ask of the student's code (see the module docstring)."""
 
@@ -157,10 +170,20 @@ class LocalStudent:
                      f"{name}: its result")
 
     def grad(self, name, argnums, *args, **kwargs):
-        import jax
+        """As the judge computes it: the function traced to a program here (as the kernel does), the
+        program sent through the wire's encoding and rebuilt and differentiated by
+        :func:`rlhf_lab.judging.program.judge_gradient`."""
+        import json
 
-        fn = jax.grad(self._get(name), argnums=argnums)
-        return plain(fn(*materialise(args, self.built), **materialise(kwargs, self.built)), f"{name}: its gradient")
+        from . import program, wire
+
+        try:
+            value, body = wire.trace(self._get(name), argnums, materialise(args, self.built),
+                                     materialise(kwargs, self.built))
+        except wire.Untraceable as exc:
+            raise GradingError(untraceable_message(name, str(exc))) from None
+        body = json.loads(json.dumps(body))  # plain JSON data, as it crosses the wire
+        return program.judge_gradient(name, plain(value, f"{name}: its result"), body, unwrap(args), argnums)
 
     def value(self, name):
         return plain(self._get(name), name)

@@ -15,10 +15,13 @@ Nodes (JSON):
   (``jax.random.key(seed)``), ``{"t": "src", "source": "...", "name": "f"}`` (a function the
   check wrote, built where the call runs).
 
-A request is ``{"op": "call" | "grad" | "value" | "scenario", "name": ..., "argnums": ...,
+A request is ``{"op": "call" | "trace" | "value" | "scenario", "name": ..., "argnums": ...,
 "needs": [...], "source": {...}, "args": [...], "kwargs": {...}}``; a response is
-``{"ok": true, "value": <node>}`` or ``{"ok": false, "kind": "missing" | "raised" | "refused",
-"error": "..."}``.
+``{"ok": true, "value": <node>}`` or ``{"ok": false, "kind": "missing" | "raised" | "refused" |
+"untraceable", "error": "..."}``. A ``trace`` (a gradient check) answers the value of the call and,
+beside it, ``"program"``: the function's traced program as plain data (:func:`describe`), which the
+judge rebuilds and differentiates with its own JAX (:mod:`rlhf_lab.judging.program`); the kernel never
+computes a gradient the judge uses.
 
 The kernel hands a response back as the ``text/plain`` repr of that JSON text (the value of a
 ``user_expression``). On the judge side nothing of it is parsed before it is known to be small:
@@ -52,6 +55,13 @@ MAX_RESPONSE_DEPTH = 2 * MAX_DEPTH + 3
 #: The ``text/plain`` repr of a response's JSON text: the bridge's JSON is ASCII, whose repr doubles at
 #: most its backslashes (plus the two quotes).
 MAX_LITERAL_CHARS = 2 * MAX_RESPONSE_CHARS + 2
+#: The bounds of a ``trace`` response (a value and a program). The programs of the course's gradient
+#: checks, answered by the model answers, take 4-40 KiB of JSON; a program closing over large arrays
+#: or made of thousands of equations is refused before it is parsed.
+MAX_PROGRAM_CHARS = 384 * 1024
+MAX_PROGRAM_NODES = 200_000
+MAX_PROGRAM_DEPTH = 24
+MAX_PROGRAM_LITERAL_CHARS = 2 * MAX_PROGRAM_CHARS + 2
 
 
 class Refused(Exception):
@@ -184,6 +194,109 @@ def request(op, name=None, args=(), kwargs=None, argnums=None, source=None, need
     return json.dumps(body)
 
 
+def describe(closed):
+    """The kernel side: a ``ClosedJaxpr`` as plain JSON data (the judge side reads it with
+    :func:`rlhf_lab.judging.program.parse`, which trusts none of it).
+
+    ``{"jaxprs": [J, ...], "consts": [<nd>, ...]}``, the program being ``jaxprs[0]``. A jaxpr ``J`` is
+    ``{"in": [var...], "const": [[var, const index]...], "eqns": [[primitive name, [atom...], [var...],
+    {param: value}]...], "out": [atom...]}``; a var is ``[id, dtype, shape]``, an atom a var's id or
+    ``{"lit": <nd>}``. Nested programs (``jit``, ``custom_jvp_call``, control flow) are parameters
+    ``{"jaxpr": index}``, always to a later entry of ``jaxprs``; other parameter values are numbers,
+    texts, lists, ``{"dtype": name}``, ``{"enum": type, "name": member}``, ``{"nt": type, "v": {...}}``
+    or ``{"opaque": type}`` (a value the judge has no use for: shardings, layouts, custom rules)."""
+    import enum
+
+    import jax
+    from jax.extend import core as jcore
+
+    jaxprs, consts = [], []
+
+    def param(value, depth=0):
+        if depth > 8:
+            raise Refused("a program parameter nested too deeply")
+        if value is None or type(value) in (bool, int, float):
+            return value
+        if isinstance(value, (np.bool_, np.integer, np.floating)):
+            return value.item()
+        if type(value) is str:
+            return value[:200]
+        if isinstance(value, np.dtype):
+            return {"dtype": value.name}
+        if isinstance(value, jcore.ClosedJaxpr):
+            return {"jaxpr": add(value.jaxpr, value.consts)}
+        if isinstance(value, jcore.Jaxpr):
+            return {"jaxpr": add(value, [])}
+        if isinstance(value, enum.Enum):
+            return {"enum": type(value).__name__, "name": value.name}
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return {"nt": type(value).__name__, "v": {f: param(getattr(value, f), depth + 1) for f in value._fields}}
+        if isinstance(value, (tuple, list)):
+            return [param(v, depth + 1) for v in value]
+        if isinstance(value, type) and issubclass(value, np.generic):
+            return {"dtype": np.dtype(value).name}
+        return {"opaque": type(value).__name__}
+
+    def add(jaxpr, values):
+        index = len(jaxprs)
+        jaxprs.append(None)
+        ids = {}
+
+        def var(v):
+            ids[v] = len(ids)
+            return [ids[v], np.dtype(v.aval.dtype).name, [int(d) for d in v.aval.shape]]
+
+        def atom(v):
+            if isinstance(v, jcore.Literal):
+                return {"lit": _array_node(np.asarray(v.val, dtype=v.aval.dtype))}
+            return ids[v]
+
+        const = []
+        for v, c in zip(jaxpr.constvars, values):
+            consts.append(encode(np.asarray(c)))
+            const.append([var(v), len(consts) - 1])
+        invars = [var(v) for v in jaxpr.invars]
+        eqns = []
+        for e in jaxpr.eqns:
+            ins = [atom(v) for v in e.invars]
+            params = {k: param(v) for k, v in e.params.items()}
+            eqns.append([e.primitive.name, ins, [var(v) for v in e.outvars], params])
+        jaxprs[index] = {"in": invars, "const": const, "eqns": eqns, "out": [atom(v) for v in jaxpr.outvars]}
+        return index
+
+    add(closed.jaxpr, closed.consts)
+    del jax
+    return {"jaxprs": jaxprs, "consts": consts}
+
+
+def trace(fn, argnums, args, kwargs):
+    """The kernel side of a gradient check: ``(value, program)``, where ``value`` is ``fn(*args,
+    **kwargs)`` and ``program`` :func:`describe` s ``jax.make_jaxpr`` of ``fn`` as a function of the
+    arguments ``argnums`` (an int or a list), the other arguments held at their values (as constants,
+    as ``jax.grad`` would). Raises whatever ``fn`` raises; :class:`Untraceable` when only tracing fails."""
+    import jax
+
+    nums = tuple(argnums) if isinstance(argnums, (list, tuple)) else (argnums,)
+    value = fn(*args, **kwargs)
+
+    def picked(*chosen):
+        full = list(args)
+        for i, v in zip(nums, chosen):
+            full[i] = v
+        return fn(*full, **kwargs)
+
+    try:
+        closed = jax.make_jaxpr(picked)(*[args[i] for i in nums])
+    except Exception as exc:  # noqa: BLE001 - the judge says why the function cannot be differentiated
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise Untraceable(type(exc).__name__ + ": " + first[:300]) from None
+    return value, describe(closed)
+
+
+class Untraceable(Exception):
+    """``jax.make_jaxpr`` could not trace the function (NumPy on a traced value, ``float()``, ...)."""
+
+
 def bridge(request_text):
     """Answer one request in the student's kernel (the kernel side); returns the response's JSON text."""
     try:
@@ -202,12 +315,15 @@ def bridge(request_text):
             out = namespace[name]
         elif op == "call":
             out = namespace[name](*args, **kwargs)
-        elif op == "grad":
-            import jax
-
-            argnums = req["argnums"]
-            out = jax.grad(namespace[name], argnums=tuple(argnums) if isinstance(argnums, list) else argnums)(
-                *args, **kwargs)
+        elif op == "trace":
+            try:
+                out, program = trace(namespace[name], req["argnums"], args, kwargs)
+            except Untraceable as exc:
+                return json.dumps({"ok": False, "kind": "untraceable", "error": str(exc)})
+            try:
+                return json.dumps({"ok": True, "value": encode(out), "program": program})
+            except Refused as exc:
+                return json.dumps({"ok": False, "kind": "refused", "error": str(exc)})
         elif op == "scenario":
             procedure = build_source(req["source"]["source"], req["source"]["name"])
             students = {n: namespace[n] for n in req.get("needs", [])}
@@ -240,7 +356,7 @@ def _unescape(match):
     return _SIMPLE_ESCAPES[code] if len(code) == 1 else chr(int(code[1:], 16))
 
 
-def read_text(literal):
+def read_text(literal, max_chars=MAX_LITERAL_CHARS):
     """The judge side: the string whose ``repr`` is ``literal`` (the kernel's ``text/plain``).
 
     Strict: ``literal`` must be one quoted ``str`` literal as ``repr`` writes it (no prefix, no
@@ -248,8 +364,8 @@ def read_text(literal):
     before anything is decoded; :class:`TooLarge` or :class:`Refused` otherwise."""
     if type(literal) is not str:
         raise Refused("an answer that is not text")
-    if len(literal) > MAX_LITERAL_CHARS:
-        raise TooLarge(f"is {len(literal):,} characters long; the grader reads at most {MAX_LITERAL_CHARS:,}")
+    if len(literal) > max_chars:
+        raise TooLarge(f"is {len(literal):,} characters long; the grader reads at most {max_chars:,}")
     quote = literal[:1]
     if (len(literal) < 2 or quote not in _QUOTED or literal[-1] != quote
             or _QUOTED[quote].fullmatch(literal, 1, len(literal) - 1) is None):
@@ -284,15 +400,20 @@ def scan(text, max_nodes=MAX_RESPONSE_NODES, max_depth=MAX_RESPONSE_DEPTH):
                            f"reads at most {max_nodes:,}")
 
 
-def response(text):
+def response(text, program=False):
     """The judge side: ``(ok, value or (kind, error))`` of a response's JSON text; :class:`Refused` if
     malformed, :class:`TooLarge` (before any parsing) if over :data:`MAX_RESPONSE_CHARS`,
-    :data:`MAX_RESPONSE_NODES` or :data:`MAX_RESPONSE_DEPTH`."""
+    :data:`MAX_RESPONSE_NODES` or :data:`MAX_RESPONSE_DEPTH`. With ``program`` (a ``trace`` response)
+    the bounds are :data:`MAX_PROGRAM_CHARS`, :data:`MAX_PROGRAM_NODES` and :data:`MAX_PROGRAM_DEPTH`,
+    and a success is ``(True, (value, program))``, the program as parsed JSON, for
+    :func:`rlhf_lab.judging.program.parse` to validate."""
+    chars, nodes, depth = ((MAX_PROGRAM_CHARS, MAX_PROGRAM_NODES, MAX_PROGRAM_DEPTH) if program
+                           else (MAX_RESPONSE_CHARS, MAX_RESPONSE_NODES, MAX_RESPONSE_DEPTH))
     if type(text) is not str:
         raise Refused("a response that is not text")
-    if len(text) > MAX_RESPONSE_CHARS:
-        raise TooLarge(f"is {len(text):,} characters long; the grader reads at most {MAX_RESPONSE_CHARS:,}")
-    scan(text)
+    if len(text) > chars:
+        raise TooLarge(f"is {len(text):,} characters long; the grader reads at most {chars:,}")
+    scan(text, nodes, depth)
     try:
         body = json.loads(text)
     except ValueError as exc:
@@ -301,9 +422,10 @@ def response(text):
         raise Refused("a response without a verdict")
     if body["ok"]:
         try:
-            return True, decode(body.get("value"))
+            value = decode(body.get("value"))
         except Refused:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
             raise Refused(f"a malformed node ({type(exc).__name__}: {str(exc)[:200]})") from None
+        return True, ((value, body.get("program")) if program else value)
     return False, (str(body.get("kind", "raised"))[:40], str(body.get("error", ""))[:2000])

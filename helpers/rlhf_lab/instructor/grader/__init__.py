@@ -12,7 +12,7 @@ nothing the student left:
 * the kernel: :mod:`.sandbox` (bubblewrap), :mod:`.kernel_guard` (limits, dead or hung kernels),
   :mod:`.library_build` (the notebook's build of the course library), :mod:`.compile_cache`;
 * the verdicts: :mod:`.judge` (hidden tests decided outside the kernel), :mod:`.judge_server` (one
-  judge per class run), :mod:`.trusted_runtime` (gradients no notebook code can rewrite);
+  judge per class run), (gradients: the judge differentiates the program a function traces to, :mod:`rlhf_lab.judging.program`);
 * the pages: :mod:`.preprocessors`, :mod:`.html_safety` (student HTML is data),
   :mod:`.feedback_filter` (feedback without hidden tests).
 

@@ -17,7 +17,7 @@ This module removes that cost without letting one student's kernel touch another
   the JAX version and this machine's CPU. A seed whose key no longer matches is rebuilt; an
   unchanged one is reused (the check costs milliseconds).
 * :func:`start_private_copy`, called by the kernel launcher (:mod:`.kernel_guard`) for each kernel
-  (and by the trusted gradient runtime), verifies every entry of the seed of the notebook's
+  verifies every entry of the seed of the notebook's
   assignment against the manifest and copies the seed into a new temporary folder, writing it while
   the kernel starts (:class:`PrivateCopy`), and :func:`kernel_env` points the kernel's JAX at it. The kernel
   reads and writes only its own copy, which is deleted when the kernel stops; nothing it writes

@@ -285,8 +285,7 @@ class RemoteStudent:
     says the kernel died instead, :class:`KernelGone` is raised.
     """
 
-    def __init__(self, client, spec, timeout: float, interrupt=None, deadline: float | None = None, trusted=None,
-                 alive=None):
+    def __init__(self, client, spec, timeout: float, interrupt=None, deadline: float | None = None, alive=None):
         from rlhf_lab.judging import core
 
         self._client, self._spec, self._timeout, self._interrupt = client, spec, timeout, interrupt
@@ -294,12 +293,8 @@ class RemoteStudent:
         self._alive = alive
         #: true once the client lost its kernel (a refused reply): it must not be used again
         self.client_broken = False
-        #: where gradients are computed (a :class:`.trusted_runtime.TrustedRuntime`); ``None``: the kernel
-        self._trusted = trusted
         self.deadline = time.monotonic() + timeout if deadline is None else deadline
         self.expired = False
-        #: seconds the trusted runtime spent starting and re-running cells for this cell's gradients
-        self.trusted_overhead = 0.0
         #: seconds spent waiting for the kernel's answers (the student's code running), and requests made
         self.kernel_seconds, self.requests = 0.0, 0
         self._core = core
@@ -328,7 +323,7 @@ class RemoteStudent:
                 return False
             time.sleep(0.05)
 
-    def _ask(self, text: str, task: str, what: str):
+    def _ask(self, text: str, task: str, what: str, program: bool = False):
         core, wire = self._core, _wire()
         left = self._time_left(task)
         asked = time.monotonic()
@@ -354,7 +349,8 @@ class RemoteStudent:
             raise core.GradingError(f"{task}: the notebook's kernel could not answer the grader ({detail}); "
                                     "restart the kernel and run the notebook from the top")
         try:  # nothing is parsed before its size is known (wire.read_text, wire.response)
-            ok, payload = wire.response(wire.read_text(literal))
+            limit = wire.MAX_PROGRAM_LITERAL_CHARS if program else wire.MAX_LITERAL_CHARS
+            ok, payload = wire.response(wire.read_text(literal, limit), program=program)
         except wire.TooLarge as exc:
             raise core.GradingError(too_large_message(task, exc)) from None
         except (ValueError, TypeError, MemoryError, RecursionError, wire.Refused) as exc:
@@ -364,29 +360,30 @@ class RemoteStudent:
             if kind == "missing":
                 raise core.GradingError(f"{task}: `{error}` is not defined: run the cell that defines it "
                                         "(restart the kernel and run the notebook from the top)")
+            if kind == "untraceable":
+                raise core.GradingError(core.untraceable_message(task, error))
             if kind == "refused":
                 raise core.GradingError(f"{what}: expected numbers or arrays (or a tuple/dict of them), got {error}")
             raise core.GradingError(f"{task}: your function raised {error}")
+        if program:
+            value, body = payload
+            return core.plain(value, what), body
         return core.plain(payload, what)
 
     def call(self, name: str, *args, **kwargs):
         return self._ask(_wire().request("call", name, args, kwargs), name, f"{name}: its result")
 
     def grad(self, name: str, argnums, *args, **kwargs):
-        """The gradient, from the trusted runtime when there is one (never from the kernel's ``jax.grad``,
-        which the notebook can rebind); the runtime's start-up and re-run cells do not count against
-        the cell's deadline."""
-        if self._trusted is None:
-            return self._ask(_wire().request("grad", name, args, kwargs, argnums=argnums), name,
-                             f"{name}: its gradient")
-        self._trusted.timeout = self._time_left(name)
-        try:
-            return self._trusted.grad(name, argnums, *args, **kwargs)
-        finally:
-            self.deadline += self._trusted.last_overhead
-            self.trusted_overhead += self._trusted.last_overhead
-            if self._trusted.timed_out:
-                self.expired = True
+        """The gradient of ``name`` with respect to ``argnums``, computed here: the kernel sends the value of
+        the call and the program the function traces to (:func:`rlhf_lab.judging.wire.trace`), and this
+        process rebuilds that program with its own JAX and differentiates it
+        (:func:`rlhf_lab.judging.program.judge_gradient`). Nothing the kernel computes is taken as a
+        gradient."""
+        from rlhf_lab.judging import program
+
+        value, body = self._ask(_wire().request("trace", name, args, kwargs, argnums=argnums), name,
+                                f"{name}: its result", program=True)
+        return program.judge_gradient(name, value, body, self._core.unwrap(args), argnums)
 
     def value(self, name: str):
         return self._ask(_wire().request("value", name), self._spec.task, f"{self._spec.task}: {name}")
@@ -509,9 +506,8 @@ def use_compile_cache(root) -> str | None:
     server) loads them instead of compiling the references again. Returns the folder, or ``None``
     when switched off (``RLHF_COMPILE_CACHE=0``, or ``RLHF_NO_SANDBOX=1``).
 
-    The folder is written and read by grader processes only: a grading kernel and the trusted
-    runtime never see the course root (the sandbox binds their scratch folder and library build
-    alone), so nothing a student runs can plant a program a check later loads. Without the sandbox
+    The folder is written and read by grader processes only: a grading kernel never sees
+    the course root (the sandbox binds its scratch folder and library build alone), so nothing a student runs can plant a program a check later loads. Without the sandbox
     the kernel runs as the grader, inside the course, and could: then there is no such cache.
     Takes effect at the first check of the process (before JAX compiles anything for it).
 
@@ -749,8 +745,6 @@ class ServerLink:
             self._send(("judge", PROTOCOL, name))
             pending = None
             while True:
-                # the student's deadline moves on by the time the grader itself spent (a gradient
-                # runtime starting, cells re-run there): read it again before each wait
                 limit = None if deadline is None else max(deadline, getattr(student, "deadline", deadline)) + self.margin
                 message = self._recv(limit)
                 kind = message[0]
@@ -808,7 +802,6 @@ class JudgeCells:
     def preprocess_cell(self, cell, resources, index):
         name = judged_check(cell)
         if name is None or getattr(self, "_stopped", None) is not None:
-            self._start_trusted_runtime(index)
             self._prepare_judge_client()
             return super().preprocess_cell(cell, resources, index)
         from rlhf_lab.instructor.grader import timeline
@@ -816,37 +809,16 @@ class JudgeCells:
         with timeline.phase("judged cell", index=index, grade_id=name) as fields:
             return self._judge_cell(cell, resources, index, name, fields)
 
-    def _start_trusted_runtime(self, index: int) -> None:
-        """At a notebook's first cell, start its trusted gradient runtime if one of its checks needs
-        gradients: its start-up (a fresh Python importing JAX) then overlaps the notebook's own cells
-        instead of waiting in the first gradient check. Once per notebook; a failure only means the
-        runtime starts (and reports) at that check, as before."""
-        if getattr(self, "_trusted_started_for", None) is getattr(self, "nb", None):
-            return
-        self._trusted_started_for = getattr(self, "nb", None)
-        if getattr(self, "km", None) is None:
-            return
-        try:
-            from rlhf_lab.instructor.grader import trusted_runtime
-
-            timeout = float(getattr(self, "timeout", None) or os.environ.get("RLHF_CELL_TIMEOUT", 60))
-            trusted_runtime.for_cell(self, index, timeout, judged_check)
-        except Exception as exc:  # noqa: BLE001
-            self.log.debug("trusted gradient runtime not started in advance: %s", exc)
-
     def _judge_cell(self, cell, resources, index, name: str, fields: dict):
-        """Decide the judged test cell ``name`` (see the class docstring); ``fields`` gets the
-        trusted runtime's overhead for the timeline."""
+        """Decide the judged test cell ``name`` (see the class docstring); ``fields`` gets its timings
+        for the timeline."""
         timeout = float(getattr(self, "timeout", None) or os.environ.get("RLHF_CELL_TIMEOUT", 60))
         spec = self._spec_or_stub(name)
         try:
             started = time.monotonic()
             client = self._client_for_judge(timeout)  # start-up: not counted against the student
             deadline = time.monotonic() + timeout
-            from rlhf_lab.instructor.grader import trusted_runtime  # gradients where the notebook's other code never ran
-
             student = RemoteStudent(client, spec, timeout, interrupt=self._interrupt_for_judge, deadline=deadline,
-                                    trusted=trusted_runtime.for_cell(self, index, timeout, judged_check),
                                     alive=self._kernel_alive)
             try:
                 outputs = self._decide(name, student, deadline)
@@ -854,7 +826,6 @@ class JudgeCells:
                 if student.client_broken:  # ZeroMQ does not reconnect it: the next judged cell gets a new one
                     self._close_judge_client()
             fields.update(client_start=round(deadline - timeout - started, 3),
-                          trusted_runtime=round(student.trusted_overhead, 3),
                           kernel=round(student.kernel_seconds, 3), requests=student.requests)
             # a check that carried on after its request ran out of time still fails on the deadline
             cell.outputs = [error_output(deadline_message(spec.task, timeout))] if student.expired else outputs
@@ -985,6 +956,3 @@ class JudgeCells:
             self._drop_pending_judge_client()
             self._close_judge_client()
             self._close_judge_link()
-            from rlhf_lab.instructor.grader import trusted_runtime
-
-            trusted_runtime.close_for(self)  # its process, scratch and cache copy end with the notebook

@@ -302,7 +302,7 @@ def given_names(notebook) -> set[tuple[str, str]]:
 
 
 #: :func:`given_names` of the source notebooks this process read, by file and its (mtime, size): the
-#: kernel and the trusted runtime of every notebook ask for the same build.
+#: kernel of every notebook asks for its build again when the notebook is graded again.
 _GIVEN: dict[tuple, frozenset] = {}
 
 
@@ -464,7 +464,7 @@ def _resolve(pair: tuple[str, str], trees: dict[str, ast.Module], seen=None) -> 
 
 
 #: :func:`dependency_graph` of this process, by the library's files and their (mtime, size): the
-#: kernel and the trusted runtime of every notebook plan a build, and the walk is most of a plan.
+#: kernel of every notebook plans a build, and the walk is most of a plan.
 _GRAPHS: dict[tuple, tuple[dict, dict]] = {}
 
 

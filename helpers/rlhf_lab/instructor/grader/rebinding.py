@@ -37,8 +37,9 @@ What is not reported
 * Calls of the libraries' own API, even when they change a library's state: ``np.random.seed(0)``,
   ``jax.config.update("jax_enable_x64", True)``, ``jax.config.update("jax_disable_jit", True)``.
   They are the documented way to configure a library, not a rebinding of one of its names: the
-  grade does not depend on them (the judge computes its own values, and gradients in a fresh
-  process, :mod:`.trusted_runtime`), and course material calls them.
+  grade does not depend on them (the judge computes its own values, and differentiates the
+  program a function traces to with its own JAX, :mod:`rlhf_lab.judging.program`), and course
+  material calls them.
 * Reading attributes (``jax.grad(f)``, ``g = jnp.sum``).
 * Attributes of ordinary objects: ``self.grad = g``, ``state.params = p``, ``cfg.beta = 0.1``, and
   modules that are not protected (``plt.rcParams["figure.dpi"] = 100``).

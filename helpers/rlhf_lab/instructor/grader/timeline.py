@@ -4,7 +4,7 @@ Off by default (one environment lookup per phase). With ``RLHF_TIMELINE=/path/fi
 :func:`phase` appends one JSON line ``{"phase": name, "start": unix time, "seconds": duration,
 "pid": ..., **fields}`` when it ends (also when it raised), so a benchmark can say how an
 ``nbgrader autograde`` process spent its wall clock: the pre-flight, each notebook (the kernel's
-start, each cell, the kernel's stop), the judge's cells and their trusted runtime, the rest being
+start, each cell, the kernel's stop), the judge's cells, the rest being
 nbgrader's own work. Only the grader's process writes it; a kernel never sees the variable (the
 sandbox passes no such variable on).
 
