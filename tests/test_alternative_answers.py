@@ -1,8 +1,9 @@
 """Every judged check gives full marks to every correct answer, however it is written.
 
 The answers of ``tests/fixtures/alternative_answers.py`` are written from the task statements in
-five styles (NumPy float32, NumPy float64, plain Python loops, and JAX with two different
-reduction orders). Each check of :data:`rlhf_lab.judging.CHECKS` runs in-process against each
+six styles (NumPy float32, NumPy float64, plain Python loops, JAX with two different reduction
+orders, and JAX written with the transforms: ``jax.vmap`` of the grader's stand-in functions,
+``jax.jit``, ``jax.lax.scan``, ``.at[...]`` updates). Each check of :data:`rlhf_lab.judging.CHECKS` runs in-process against each
 style, on many grader seeds; a check that fails a correct answer on any seed is a grading bug
 (an expected value computed in a lower precision than the answer, a tolerance below float32
 rounding, an exact comparison where rounding is legal).
@@ -14,7 +15,10 @@ grader's seed) is answered from that earlier call (:class:`RepeatingStudent`): t
 functions, so the result is the same, and the fresh part of each seed is what the 100 seeds are for.
 
 Combinations where a NumPy answer is not possible (the check takes ``jax.grad`` of the answer, or
-the statement prescribes it) are skipped with the reason.
+the statement prescribes it) are skipped with the reason; every task has at least three styles.
+
+The classic mistakes of ``alternative_answers.MISTAKES`` (a correct namespace with one wrong answer)
+must lose the points of their check on every one of the same seeds, with the message that names them.
 """
 from __future__ import annotations
 
@@ -144,3 +148,47 @@ def test_the_styles_really_differ():
             for s in alt.STYLES}
     assert outs["np32"].dtype == np.float64 and not np.array_equal(outs["np32"], outs["np64"])
     assert np.allclose(outs["np32"], outs["np64"], atol=1e-5)
+
+
+def test_every_task_has_three_styles_including_numpy64_loops_and_transforms():
+    """At least three styles answer each check; NumPy float64 and loops unless a skip reason says why not."""
+    for name in NAMES:
+        styles = [s for s in alt.STYLES if _skip_reason(name, s) is None]
+        assert len(styles) >= 3 and "jax_vmap" in styles, (name, styles)
+        assert {"np64", "loop"} <= set(styles) or name in alt.NEEDS_JAX, (name, styles)
+
+
+def _mistake_escapes(key: str, seeds) -> list[str]:
+    """The seeds on which the mistake ``key`` keeps its points or is told with another message."""
+    name, _assignment, message, _replace = alt.MISTAKES[key]
+    student = RepeatingStudent(alt.mistake_namespace(key))
+    escapes = []
+    for seed in seeds:
+        try:
+            CHECKS[name].run(student, np.random.default_rng(seed), REF)
+        except GradingError as err:
+            if message is not None and message not in str(err):
+                escapes.append(f"seed {seed}: told {str(err)[:300]!r}")
+        except Exception as exc:  # noqa: BLE001 - the grader reports an answer's exception and gives 0
+            if message is not None:
+                escapes.append(f"seed {seed}: raised {type(exc).__name__}: {exc}"[:300])
+        else:
+            escapes.append(f"seed {seed}: full marks")
+    return escapes
+
+
+def _require_caught(key: str, seeds) -> None:
+    escapes = _mistake_escapes(key, seeds)
+    assert not escapes, (f"{key!r} is not caught by {alt.MISTAKES[key][0]} with {alt.MISTAKES[key][2]!r} on "
+                         f"{len(escapes)} of {len(seeds)} grader seeds:\n" + "\n".join(escapes[:3]))
+
+
+@pytest.mark.parametrize("key", sorted(alt.MISTAKES))
+def test_classic_mistakes_lose_points(key):
+    _require_caught(key, FAST_SEEDS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(alt.MISTAKES))
+def test_classic_mistakes_lose_points_on_100_seeds(key):
+    _require_caught(key, ALL_SEEDS)

@@ -270,6 +270,40 @@ def test_a_correct_surrogate_for_positive_advantages_only_fails():
     assert "bad action" in message or "sign" in message or "Clip bounds" in message
 
 
+def test_answers_that_transform_the_graders_stand_ins_pass():
+    """The surrogate and the penalty the checks pass in are JAX functions: vmap / jit of them works."""
+    def vmapped_table(ratios, advantages, epsilon=0.2, surrogate=ppo_surrogate):
+        r, a = jnp.broadcast_arrays(jnp.asarray(ratios, jnp.float32), jnp.asarray(advantages, jnp.float32))
+        u = jax.vmap(lambda x, y: surrogate(x, y, epsilon, clip=False))(r, a)
+        c = jax.jit(jax.vmap(lambda x, y: surrogate(x, y, epsilon, clip=True)))(r, a)
+        return u, c, jnp.abs(u - c) > 1e-6
+
+    def vmapped_sweep(reward_, kl, betas, penalize):
+        betas = jnp.asarray(betas)
+        return jax.vmap(lambda b: penalize(reward_, b, kl))(betas), betas * kl / reward_
+
+    for seed in range(3):
+        _run("test_surrogate_table", _with(surrogate_table=vmapped_table), seed)
+        _run("test_beta_sweep", _with(beta_sweep=vmapped_sweep), seed)
+
+
+def test_answers_that_ignore_the_function_they_are_given_fail():
+    def own_surrogate(ratios, advantages, epsilon=0.2, surrogate=ppo_surrogate):
+        return surrogate_table(ratios, advantages, epsilon, ppo_surrogate)
+
+    def own_penalty(reward_, kl, betas, penalize):
+        return beta_sweep(reward_, kl, betas, lambda r, b, k: r - b * k)
+
+    def float_diverge(ratios, advantages, epsilon=0.2, surrogate=ppo_surrogate):
+        u, c, d = surrogate_table(ratios, advantages, epsilon, surrogate)
+        return u, c, jnp.asarray(d, jnp.float32)
+
+    for seed in range(3):
+        _fails("test_surrogate_table", _with(surrogate_table=own_surrogate), "call the surrogate argument", seed)
+        _fails("test_beta_sweep", _with(beta_sweep=own_penalty), "call the penalize argument", seed)
+    _fails("test_surrogate_table", _with(surrogate_table=float_diverge), "diverge must be a boolean array")
+
+
 def test_kl_direction_and_log_space_are_named():
     _fails("test_kl_divergence", _with(kl_divergence=lambda p, q: kl_divergence(q, p)), "KL direction reversed")
 
@@ -370,6 +404,12 @@ def test_a_reference_that_aliases_the_parameters_is_caught():
     # the natural answers that share the optimiser's buffer: the array itself, np.asarray, a view, a slice
     for alias in (lambda p: p, lambda p: np.asarray(p, dtype=np.float32), lambda p: p.view(), lambda p: p[:]):
         _fails("test_reference_snapshot", _with(snapshot_reference=alias), "shares memory with the parameters")
+    # JAX wraps an aligned NumPy buffer without copying it: the check's buffer is aligned on every draw
+    for seed in range(8):
+        _fails("test_reference_snapshot", _with(snapshot_reference=jnp.asarray), "shares memory with the parameters",
+               seed)
+    _fails("test_reference_snapshot", _with(snapshot_reference=lambda p: np.array(p, np.float64)),
+           "must return float32 parameters")
 
     def in_place(params):
         params -= np.log(np.sum(np.exp(params)))

@@ -137,3 +137,24 @@ def test_group_advantages_check_wants_zeros_on_the_constant_row():
     with pytest.raises(GradingError) as err:
         _run("test_seq_group_advantages", {"group_advantages": no_epsilon}, 3)
     assert "row 0 (all" in str(err.value) and "must be 0" in str(err.value) and "NaN" in str(err.value), str(err.value)
+
+
+def test_natural_jax_answers_get_their_inputs_as_jax_arrays():
+    """A check sends NumPy only where the statement says so: ``r.at[rows, last].add(score)`` works."""
+    def per_token_rewards(logp, ref_logp, score, mask, beta):
+        r = -beta * (logp - ref_logp) * mask
+        last = jnp.sum(mask, axis=-1).astype(jnp.int32) - 1
+        return r.at[jnp.arange(r.shape[0]), last].add(score)
+
+    for seed in range(5):
+        _run("test_seq_rewards_kl", {"per_token_rewards": per_token_rewards}, seed)
+        _run("test_seq_rewards_score_position", {"per_token_rewards": per_token_rewards}, seed)
+
+
+def test_an_integer_mask_fails_where_a_float_mask_is_asked():
+    def int_mask(tokens, eos, pad):
+        return np.asarray(sq.response_mask(tokens, eos, pad)).astype(np.int32)
+
+    with pytest.raises(GradingError) as err:
+        _run("test_seq_response_mask", {"response_mask": int_mask}, 0)
+    assert "must return a float mask" in str(err.value) and "int32" in str(err.value), str(err.value)

@@ -158,7 +158,9 @@ print("ppo_surrogate: visible checks passed")
 #   1e-7 at the edge of the clip range.
 #
 # Call the `surrogate` argument rather than `ppo_surrogate` directly: the tests pass a
-# trusted surrogate in, so this task is graded on the table logic alone.
+# trusted surrogate in (and another function with the same signature), so this task is graded on
+# the table logic alone. What they pass is a JAX function like `ppo_surrogate`: call it on the
+# arrays, or `jax.vmap` / `jax.jit` it if you like (`clip` stays a Python bool).
 
 # %% nbgrader={"grade": false, "grade_id": "surrogate_table", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def surrogate_table(ratios, advantages, epsilon=0.2, surrogate=ppo_surrogate):

@@ -200,8 +200,9 @@ fig.tight_layout()
 # * `share[i] = betas[i] * kl / reward`, the **fraction** of the raw reward the penalty
 #   consumes (0.198 means 19.8 %; `reward` is positive here).
 #
-# As in notebook 1, call the `penalize` argument: the tests pass a trusted one in. Then
-# discuss the result (Task 2.4, 3 points).
+# As in notebook 1, call the `penalize` argument: the tests pass a trusted one in (and another
+# function with the same signature), a JAX function like `penalized_reward` that you may call
+# with all the betas at once or `jax.vmap` over them. Then discuss the result (Task 2.4, 3 points).
 
 # %% [markdown]
 # **Predict.** For the far reference (KL ≈ 1.98 nats) and β in {0.01, 0.1, 0.5, 1.0}: from

@@ -58,9 +58,11 @@ for row in examples:
 #
 # The mask is 1 on every real token of a response **including its EOS** (EOS is sampled, has a
 # log-probability and later carries the score) and 0 on padding. Write
-# `response_mask(tokens, eos, pad)`: `mask[i, t] = 1` when `tokens[i, t] != pad` and no EOS occurs
-# in row `i` before position `t`. Use the `eos` and `pad` arguments (a float32 array of the same
-# shape as `tokens`).
+# `response_mask(tokens, eos, pad)`: `mask[..., t] = 1` when `tokens[..., t] != pad` and no EOS occurs
+# in the same response before position `t`. Use the `eos` and `pad` arguments. `tokens` is an integer
+# array (JAX or NumPy) of shape `[..., T]`: a batch `[B, T]` or a single response `[T]`, so work along
+# the last axis (`axis=-1`). Return a **float32** mask of the same shape as `tokens` (an integer or
+# boolean mask is not accepted).
 
 # %% [markdown]
 # **Predict** (not graded, but write it down *before* running the next cell):
@@ -71,7 +73,7 @@ for row in examples:
 
 # %% nbgrader={"grade": false, "grade_id": "response_mask_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def response_mask(tokens, eos, pad):
-    """Float mask [..., T]: 1 up to and including the first EOS, 0 on padding."""
+    """Float32 mask [..., T] (tokens: integers, [B, T] or [T]): 1 up to and including the first EOS, 0 on padding."""
     ### BEGIN SOLUTION
     tokens = jnp.asarray(tokens)
     is_eos = (tokens == eos).astype(jnp.int32)
@@ -112,11 +114,13 @@ assert np.array_equal(example_mask.sum(axis=1), [2, 1, 6, 4]), (
 # The log-probability of a whole response is the masked **sum**
 # $\log\pi(y\mid x) = \sum_t m_t \log\pi(y_t\mid x, y_{<t})$. Write `masked_nll(token_logp, mask)` and
 # `sequence_logprob(token_logp, mask)`. Padding must never count, whatever numbers sit there
-# (use `jnp.where`, not a product, if you want to be safe from `inf * 0`).
+# (use `jnp.where`, not a product, if you want to be safe from `inf * 0`). Both are called with JAX
+# float32 arrays and also with NumPy float64 arrays (`[N, T]`); `masked_nll` must stay differentiable
+# with respect to `token_logp` (`jax.grad`).
 
 # %% nbgrader={"grade": false, "grade_id": "masked_nll_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def masked_nll(token_logp, mask):
-    """Mean negative log-likelihood per real token (a scalar)."""
+    """Mean negative log-likelihood per real token (a scalar); token_logp, mask: [N, T], JAX or NumPy float64."""
     ### BEGIN SOLUTION
     total = jnp.sum(jnp.where(mask > 0, token_logp, 0.0))
     return -total / jnp.maximum(jnp.sum(mask), 1.0)
@@ -124,7 +128,7 @@ def masked_nll(token_logp, mask):
 
 
 def sequence_logprob(token_logp, mask):
-    """log pi(y) of each response: the masked sum over positions, shape [...]."""
+    """log pi(y) of each response: the masked sum over positions, shape [...]; inputs JAX or NumPy float64."""
     ### BEGIN SOLUTION
     return jnp.sum(jnp.where(mask > 0, token_logp, 0.0), axis=-1)
     ### END SOLUTION
@@ -203,13 +207,14 @@ else:
 # $$L = \frac{1}{n}\sum_i \operatorname{softplus}\big(-(r(y^{c}_i) - r(y^{r}_i))\big),$$
 #
 # the mean of $-\log\sigma$ of the margin between the chosen and the rejected response. Write
-# `preference_loss(chosen_score, rejected_score)` on the two `[n]` arrays of scores. Use
+# `preference_loss(chosen_score, rejected_score)` on the two `[n]` arrays of scores (JAX float32
+# arrays, and also NumPy float64 arrays; it must stay differentiable with `jax.grad`). Use
 # `jax.nn.softplus`: in float32 `sigmoid(m)` underflows to 0 for margins below about -87, so
 # `-log(sigmoid(m))` is `inf` there and its gradient `nan`, while `softplus(-m)` stays finite (about `-m`).
 
 # %% nbgrader={"grade": false, "grade_id": "preference_loss_seq_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def preference_loss(chosen_score, rejected_score):
-    """Bradley-Terry loss: mean softplus(-(chosen - rejected)), a scalar."""
+    """Bradley-Terry loss: mean softplus(-(chosen - rejected)), a scalar; scores [n], JAX or NumPy float64."""
     ### BEGIN SOLUTION
     return jnp.mean(jax.nn.softplus(-(chosen_score - rejected_score)))
     ### END SOLUTION

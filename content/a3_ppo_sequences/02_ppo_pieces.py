@@ -61,10 +61,15 @@ score = jnp.array([0.5, -1.0, 1.2, 2.0])     # one reward-model score per respon
 # $$r_t = -\beta\,(\log\pi_{\text{old}}(y_t) - \log\pi_{\text{ref}}(y_t))\,m_t + s\cdot\mathbb 1\{t = \textstyle\sum_u m_u - 1\}.$$
 #
 # Write `per_token_rewards(logp, ref_logp, score, mask, beta)` returning `[B, T]`, 0 on padding.
+# `logp`, `ref_logp` and `mask` are JAX float32 arrays `[B, T]`, `score` a JAX float32 array `[B]`
+# (`B` may be 1), `beta` a Python float.
 
 # %% nbgrader={"grade": false, "grade_id": "per_token_rewards_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def per_token_rewards(logp, ref_logp, score, mask, beta):
-    """r_t = -beta (logp_t - ref_logp_t) m_t, plus score on the last real token of each response."""
+    """r_t = -beta (logp_t - ref_logp_t) m_t, plus score on the last real token of each response.
+
+    logp, ref_logp, mask: JAX float32 [B, T]; score: JAX float32 [B]; beta: float. Returns [B, T].
+    """
     ### BEGIN SOLUTION
     length = jnp.sum(mask, axis=-1).astype(jnp.int32)
     last = jax.nn.one_hot(length - 1, mask.shape[-1]) * (length > 0)[:, None]
@@ -111,7 +116,8 @@ assert np.allclose(np.asarray(rewards.sum(axis=1)), np.asarray(score - 0.1 * (ol
 # $$\delta_t = r_t + \gamma V_{t+1} m_{t+1} - V_t, \qquad A_t = \delta_t + \gamma\lambda\, m_{t+1} A_{t+1},$$
 #
 # and the critic's target is `returns = A + V`. Write `gae(rewards, values, mask, gamma, lam)`
-# returning `(advantages, returns)`, both 0 on padding. `values` may hold junk on padding.
+# returning `(advantages, returns)`, both 0 on padding. `values` may hold junk on padding. The
+# arrays are JAX float32 `[B, T]` (`B` may be 1); `gamma` and `lam` are Python floats.
 # A Python loop over the 6 positions, from the last to the first, is fine.
 
 # %% nbgrader={"grade": false, "grade_id": "gae_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -176,11 +182,11 @@ assert np.allclose(np.asarray(adv_0), np.asarray(rewards * mask), atol=1e-6), (
 #
 # Advantages are normalised per batch: $\mu = \sum A m / \sum m$, $\sigma^2 = \sum (A-\mu)^2 m / \sum m$,
 # $A' = (A - \mu)/\sqrt{\sigma^2 + 10^{-8}}\cdot m$. Padding must neither enter $\mu$ and $\sigma$ nor
-# become non-zero afterwards. Write `whiten(advantages, mask)`.
+# become non-zero afterwards. Write `whiten(advantages, mask)` (JAX float32 arrays `[B, T]`).
 
 # %% nbgrader={"grade": false, "grade_id": "whiten_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def whiten(advantages, mask):
-    """Advantages with mean 0 and std 1 over the real tokens; 0 on padding."""
+    """Advantages with mean 0 and std 1 over the real tokens; 0 on padding (inputs: JAX float32 [B, T])."""
     ### BEGIN SOLUTION
     n = jnp.maximum(jnp.sum(mask), 1.0)
     mu = jnp.sum(advantages * mask) / n
@@ -214,10 +220,13 @@ assert not np.any(np.asarray(white)[~real]), "padding must stay exactly 0 after 
 # with $v^{\text{clip}} = v^{\text{old}} + \operatorname{clip}(v - v^{\text{old}}, -c, c)$. Write
 # `policy_loss(logp, old_logp, advantages, mask, epsilon)` and
 # `value_loss(values, old_values, returns, mask, value_clip)`. Both average over real tokens only.
+# `policy_loss` is called with JAX float32 arrays `[B, T]` and differentiated (`jax.grad` with respect
+# to `logp` and `old_logp`); `value_loss` is called with JAX float32 arrays and also with NumPy
+# float64 arrays.
 
 # %% nbgrader={"grade": false, "grade_id": "policy_loss_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def policy_loss(logp, old_logp, advantages, mask, epsilon):
-    """Clipped policy loss averaged over real tokens (to minimise)."""
+    """Clipped policy loss averaged over real tokens (to minimise); inputs JAX float32 [B, T]."""
     ### BEGIN SOLUTION
     ratio = jnp.exp(logp - jax.lax.stop_gradient(old_logp))
     adv = jax.lax.stop_gradient(advantages)
@@ -228,7 +237,7 @@ def policy_loss(logp, old_logp, advantages, mask, epsilon):
 
 # %% nbgrader={"grade": false, "grade_id": "value_loss_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def value_loss(values, old_values, returns, mask, value_clip):
-    """Clipped value loss averaged over real tokens."""
+    """Clipped value loss averaged over real tokens; inputs [B, T], JAX float32 or NumPy float64."""
     ### BEGIN SOLUTION
     v_clip = old_values + jnp.clip(values - old_values, -value_clip, value_clip)
     worst = jnp.maximum((values - returns) ** 2, (v_clip - returns) ** 2)

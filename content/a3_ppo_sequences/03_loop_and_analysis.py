@@ -65,6 +65,8 @@ print("policy parameters:", {k: v.shape for k, v in ref_params.items()})
 # the features with `context_features(LANG, prompts, tokens)`, the per-token log-probs of each
 # network with `token_logp(params, features, tokens)` (multiply by the mask), then call
 # `per_token_rewards`. The sampling policy gives `logp`; the frozen reference gives `ref_logp`.
+# `policy_params` and `ref_params` are dicts of float32 arrays (NumPy or JAX); `prompts` `[B]` and
+# `tokens` `[B, T]` are JAX int32 arrays, `score` a JAX float32 array `[B]`, `beta` a Python float.
 
 # %% nbgrader={"grade": false, "grade_id": "batch_rewards_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def batch_rewards(policy_params, ref_params, prompts, tokens, score, beta):
@@ -109,6 +111,8 @@ assert np.allclose(first_rewards.sum(axis=1), np.asarray(fake_score), atol=1e-5)
 # `policy_loss(token_logp(params, features, tokens), old_logp, advantages, mask, epsilon)`. The
 # `old_logp` you are given were computed once, when the batch was sampled; keep them frozen.
 # Return the new parameter dict (same keys). `jax.tree_util.tree_map` updates a dict in one line.
+# `params` is a dict of float32 arrays (NumPy or JAX); `prompts`, `tokens` (int32), `old_logp` and
+# `advantages` (float32) are JAX arrays; the other arguments are Python numbers.
 
 # %% nbgrader={"grade": false, "grade_id": "ppo_epochs_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ppo_epochs(params, prompts, tokens, old_logp, advantages, epsilon, learning_rate, epochs):
@@ -211,11 +215,11 @@ plt.show()
 # With one sampled token, $k_1 = \log\pi - \log\pi_{\text{ref}}$, $k_2 = \tfrac12(\log\pi - \log\pi_{\text{ref}})^2$ and,
 # with $r = \log\pi_{\text{ref}} - \log\pi$, $k_3 = (e^{r} - 1) - r$. Write
 # `kl_estimators(logp, ref_logp)` returning a dict `{"k1", "k2", "k3"}` of arrays shaped like `logp`
-# (elementwise).
+# (elementwise; `logp` and `ref_logp` are JAX float32 arrays of any shape, `[n]` or `[B, T]`).
 
 # %% nbgrader={"grade": false, "grade_id": "kl_estimators_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def kl_estimators(logp, ref_logp):
-    """{"k1": ..., "k2": ..., "k3": ...} for the sampled tokens' log-probs (elementwise)."""
+    """{"k1": ..., "k2": ..., "k3": ...} for the sampled tokens' log-probs (elementwise; JAX float32 arrays)."""
     ### BEGIN SOLUTION
     log_ratio = logp - ref_logp
     r = -log_ratio
@@ -301,7 +305,8 @@ else:
 # (2022) describe the gold gain over the reference, with $d = \sqrt{\mathrm{KL}}$, by two forms: for
 # best-of-n sampling $\text{gain}(d) = \alpha d - b d^2$, for RL $\text{gain}(d) = d(\alpha - b \log d)$.
 # Write `fit_overoptimisation(kl, gain)` returning the least-squares `np.array([alpha, b])` of the
-# best-of-n form (no intercept; `np.linalg.lstsq` helps). The experiment fits it to best-of-n, and
+# best-of-n form (no intercept; `np.linalg.lstsq` helps); `kl` and `gain` are NumPy float64 arrays
+# `[n]`. The experiment fits it to best-of-n, and
 # fits the RL form to $\pi^*_\beta$.
 
 # %% nbgrader={"grade": false, "grade_id": "fit_overopt_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -439,12 +444,13 @@ assert b > 0, f"on this task the gold gain bends down (b > 0), got b = {b}"
 # as DAPO does), not first over each response's tokens and then over responses (the per-response mean
 # of DeepSeekMath's GRPO, which gives the tokens of short responses more weight). *DPO* skips the reward model: on the preference pairs it minimises
 # $\operatorname{mean}\operatorname{softplus}\big(-\beta[(\log\pi(y^c) - \log\pi_{\text{ref}}(y^c)) - (\log\pi(y^r) - \log\pi_{\text{ref}}(y^r))]\big)$
-# over sequence log-probs. Write `group_advantages(scores)` (`[n_groups, group_size]`) and
-# `dpo_loss(logp_chosen, logp_rejected, ref_logp_chosen, ref_logp_rejected, beta)`.
+# over sequence log-probs. Write `group_advantages(scores)` (`scores` a JAX float32 array
+# `[n_groups, group_size]`) and `dpo_loss(logp_chosen, logp_rejected, ref_logp_chosen, ref_logp_rejected, beta)`
+# (JAX float32 arrays `[n]`, differentiated with `jax.grad`).
 
 # %% nbgrader={"grade": false, "grade_id": "group_advantages_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def group_advantages(scores):
-    """GRPO advantages: scores normalised within each row (group); same shape as scores."""
+    """GRPO advantages: scores (JAX float32 [n_groups, group_size]) normalised within each row; same shape."""
     ### BEGIN SOLUTION
     scores = jnp.asarray(scores)
     mu = jnp.mean(scores, axis=-1, keepdims=True)
@@ -632,7 +638,7 @@ else:
 # Everything else of `sq.train_rloo` is `sq.train_grpo`'s: the same clipped loss (a token mean),
 # 128 responses per iteration in groups of 8, 2 epochs of 4 minibatches, the same learning rate and
 # beta. Write `rloo_advantages(rewards)` for `rewards` of shape `[n_groups, group_size]`
-# (`group_size` at least 2).
+# (`group_size` at least 2; a JAX float32 array, or a NumPy float64 one).
 
 # %% nbgrader={"grade": false, "grade_id": "rloo_advantages_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def rloo_advantages(rewards):
@@ -722,7 +728,8 @@ else:
 # Write `length_normalised_score(score, length, ref_logp)`: `score` is `[P, R]` (every response of
 # every prompt), `length` is `[R]` (content tokens of each response, the same for every prompt),
 # `ref_logp` is `[P, R]` (reference log-probabilities, each row sums to 1 in probability). Return
-# `[P, R]`. The lengths of the responses vary, so the denominator is positive.
+# `[P, R]`. The lengths of the responses vary, so the denominator is positive. The three arrays are
+# JAX float32 arrays or NumPy float64 arrays.
 
 # %% nbgrader={"grade": false, "grade_id": "length_normalised_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def length_normalised_score(score, length, ref_logp):

@@ -9,23 +9,46 @@ from .registry import check as register
 A = "a1_ppo_objective"
 NB1, NB2 = "01_clipped_objective.ipynb", "02_kl_penalty_and_review.ipynb"
 
-#: The grader's own surrogate (NumPy, float32), handed to the table and the sweep so that a
-#: mistake in Task 1.1 is not charged again there.
+#: The grader's own surrogate (JAX, float32), handed to the table, the boundary sweep and the cap
+#: numbers so that a mistake in Task 1.1 is not charged again there. It is a JAX function, so an
+#: answer may call it on arrays, or ``jax.vmap`` / ``jax.jit`` / ``jax.grad`` it (``clip`` stays a
+#: Python bool).
 TRUSTED_SURROGATE = Source('''
 def trusted_surrogate(ratio, advantage, epsilon=0.2, clip=True):
-    ratio = np.asarray(ratio, np.float32)
-    advantage = np.asarray(advantage, np.float32)
+    ratio = jnp.asarray(ratio, jnp.float32)
+    advantage = jnp.asarray(advantage, jnp.float32)
     unclipped = ratio * advantage
     if not clip:
         return unclipped
-    return np.minimum(unclipped, np.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
+    return jnp.minimum(unclipped, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
 ''', "trusted_surrogate")
 
-#: The grader's own penalised reward, handed to the beta sweep.
+#: Another objective with the surrogate's signature (twice the trusted one): a table computed with
+#: it differs from one computed with the notebook's own ``ppo_surrogate``, so using the argument shows.
+SCALED_SURROGATE = Source('''
+def scaled_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+    ratio = jnp.asarray(ratio, jnp.float32)
+    advantage = jnp.asarray(advantage, jnp.float32)
+    unclipped = ratio * advantage
+    if not clip:
+        return 2.0 * unclipped
+    return 2.0 * jnp.minimum(unclipped, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
+''', "scaled_surrogate")
+
+#: The grader's own penalised reward (JAX, float32), handed to the beta sweep.
 TRUSTED_PENALIZE = Source('''
 def trusted_penalize(reward, beta, kl):
-    return np.float32(reward) - np.asarray(beta, np.float32) * np.float32(kl)
+    return (jnp.asarray(reward, jnp.float32)
+            - jnp.asarray(beta, jnp.float32) * jnp.asarray(kl, jnp.float32))
 ''', "trusted_penalize")
+
+#: Another penalty with the same signature (beta counted twice): a sweep that calls it shows it used
+#: the argument, not the notebook's own ``penalized_reward``.
+SCALED_PENALIZE = Source('''
+def scaled_penalize(reward, beta, kl):
+    return (jnp.asarray(reward, jnp.float32)
+            - 2.0 * jnp.asarray(beta, jnp.float32) * jnp.asarray(kl, jnp.float32))
+''', "scaled_penalize")
 
 CASE_R = np.array([1.8, 1.05, 1.8, 0.3, 0.3], np.float32)
 CASE_A = np.array([1.0, 1.0, -1.0, -1.0, 1.0], np.float32)
@@ -33,9 +56,26 @@ FIVE_UNCLIPPED = [1.8, 1.05, -1.8, -0.3, 0.3]
 FIVE_CLIPPED = [1.2, 1.05, -1.8, -0.8, 0.3]
 
 
-def surrogate_np(ratio, advantage, epsilon=0.2, clip=True):
-    """``min(rho A, clip(rho, 1 - eps, 1 + eps) A)`` (or ``rho A`` with ``clip=False``) in float32 NumPy."""
-    return TRUSTED_SURROGATE.build()(ratio, advantage, epsilon, clip)
+_BUILT: dict = {}
+
+
+def stand_in(source: Source):
+    """The function ``source`` defines, built once per process (the grader's own copy, for expected values)."""
+    if source not in _BUILT:
+        _BUILT[source] = source.build()
+    return _BUILT[source]
+
+
+def surrogate_np(ratio, advantage, epsilon=0.2, clip=True, source: Source = TRUSTED_SURROGATE) -> np.ndarray:
+    """What the stand-in ``source`` returns, as a float32 NumPy array: ``min(rho A, clip(rho, 1 - eps,
+    1 + eps) A)`` (or ``rho A`` with ``clip=False``) for :data:`TRUSTED_SURROGATE`, twice that for
+    :data:`SCALED_SURROGATE`. The expected values are the stand-in's own outputs, bit for bit."""
+    return np.asarray(stand_in(source)(ratio, advantage, epsilon, clip), np.float32)
+
+
+def penalize_np(reward, beta, kl, source: Source = TRUSTED_PENALIZE) -> np.ndarray:
+    """What the stand-in penalty ``source`` returns, as a float32 NumPy array."""
+    return np.asarray(stand_in(source)(reward, beta, kl), np.float32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -109,7 +149,9 @@ def ppo_surrogate(student, rng, ref):
 @register("test_surrogate_table", task="surrogate_table", needs=("surrogate_table",), forbid=("clipped_surrogate",),
           assignment=A, notebook=NB1)
 def surrogate_table(student, rng, ref):
-    """Fresh cases (clipped for sure, and three float32 edge cases that must not diverge) and the five cases."""
+    """Fresh cases (clipped for sure, and three float32 edge cases that must not diverge), the same cases
+    with another surrogate passed in (twice the trusted one: the table must follow the argument), and
+    the five cases. ``diverge`` must be boolean, as the statement asks."""
     eps = float(rng.uniform(0.1, 0.35))
     n = 16
     r = rng.uniform(0.2, 2.2, 8 * n)
@@ -144,11 +186,44 @@ def surrogate_table(student, rng, ref):
                      "rounding, not a clip): use |unclipped - clipped| > DIVERGE_TOL, not an exact comparison.")
     equal(out[2], div, "diverge column on fresh inputs (1 = True)",
           hint=edge_hint or "diverge is |unclipped - clipped| > DIVERGE_TOL = 1e-6.")
+    kind = _dtype_kind(raw[2]) if isinstance(raw, (tuple, list)) and len(raw) == 3 else None
+    check(kind == "b", f"surrogate_table: diverge must be a boolean array (True where the columns differ), got "
+                       f"{_dtype_name(raw[2]) if kind else 'no separate diverge array'}: compare with "
+                       f"> DIVERGE_TOL and return the comparison itself, not numbers.")
+    # another surrogate passed in (twice the trusted one): the table must follow the argument
+    unc2 = surrogate_np(r, a, eps, clip=False, source=SCALED_SURROGATE).astype(np.float64)
+    cl2 = surrogate_np(r, a, eps, source=SCALED_SURROGATE).astype(np.float64)
+    scaled = to_float(student.call("surrogate_table", r, a, epsilon=eps, surrogate=SCALED_SURROGATE),
+                      "surrogate_table result")
+    check(scaled.shape == (3, n), f"surrogate_table with another surrogate passed in must have shape (3, {n}), "
+                                  f"got {scaled.shape}")
+    own = ("The table did not change when another surrogate was passed in: call the surrogate argument, "
+           "not ppo_surrogate (the tests pass their own function).")
+    check(not matches(scaled[:2], out[:2]), "surrogate_table: " + own)
+    close(scaled[:2], np.stack([unc2, cl2]), "unclipped and clipped columns with another surrogate passed in "
+          "(twice the clipped objective)", hint=own)
+    equal(scaled[2], np.abs(unc2 - cl2) > 1e-6, "diverge column with another surrogate passed in (1 = True)",
+          hint="diverge is |unclipped - clipped| > DIVERGE_TOL of the columns the surrogate argument gives.")
     five = to_float(student.call("surrogate_table", CASE_R, CASE_A, surrogate=TRUSTED_SURROGATE),
                     "surrogate_table result")
     check(five.shape == (3, 5), f"surrogate_table of the five cases must have shape (3, 5), got {five.shape}")
     equal(five[2], [1.0, 0.0, 0.0, 1.0, 0.0], "diverge column of the five cases (1 = True)")
     close(five[:2], [FIVE_UNCLIPPED, FIVE_CLIPPED], "unclipped and clipped columns of the five cases")
+
+
+def _dtype_kind(value) -> str | None:
+    """The NumPy dtype kind of an array the student returned (``"b"`` for booleans), or None."""
+    try:
+        return np.asarray(value).dtype.kind
+    except Exception:  # noqa: BLE001 - a ragged nesting has no dtype
+        return None
+
+
+def _dtype_name(value) -> str:
+    try:
+        return f"dtype {np.asarray(value).dtype}"
+    except Exception:  # noqa: BLE001
+        return "a value without a dtype"
 
 
 def boundary_expected(eps: float, adv: float, grid) -> tuple[float, float]:
@@ -313,7 +388,8 @@ def penalized_reward(student, rng, ref):
 @register("test_beta_sweep", task="beta_sweep", needs=("beta_sweep",), forbid=("regularised_objective",),
           assignment=A, notebook=NB2)
 def beta_sweep(student, rng, ref):
-    """Penalised reward and consumed share for fresh beta grids (fraction, not percentage; consumed, not kept)."""
+    """Penalised reward and consumed share for fresh beta grids (fraction, not percentage; consumed, not
+    kept), then with another penalty passed in (``reward - 2 beta kl``: the sweep must call its argument)."""
     m = 5
     for _ in range(3):
         betas = np.sort(rng.uniform(0.001, 2.0, m))
@@ -333,6 +409,16 @@ def beta_sweep(student, rng, ref):
         elif matches(got[1], pen / reward, rtol=1e-4):
             hint = "That is the share KEPT; the share CONSUMED is beta * kl / reward."
         close(got[1], share, what + ": share of the raw reward consumed", hint=hint, rtol=1e-4, atol=1e-6)
+    # another penalty passed in (beta counted twice): the penalised column must follow the argument
+    want2 = penalize_np(reward, betas.astype(np.float32), kl, source=SCALED_PENALIZE).astype(np.float64)
+    got2 = to_float(student.call("beta_sweep", reward, kl, betas.astype(np.float32), penalize=SCALED_PENALIZE),
+                    "beta_sweep result")
+    check(got2.shape == (2, m), f"beta_sweep with another penalty passed in must have shape (2, {m}), got {got2.shape}")
+    own = ("The penalised rewards did not change when another penalty was passed in: call the penalize "
+           "argument, not penalized_reward (the tests pass their own function).")
+    check(not matches(got2[0], got[0]), "beta_sweep: " + own)
+    close(got2[0], want2, f"beta_sweep(reward={reward:.4f}, kl={kl:.4f}) with another penalty passed in "
+          "(reward - 2 beta kl)", hint=own, atol=1e-5)
 
 
 

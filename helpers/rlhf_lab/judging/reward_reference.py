@@ -61,28 +61,39 @@ def fit_reward_fresh(student, rng, ref):
 
 
 #: On the student's side: snapshot the parameters, then update them in place as the given optimiser does.
+#: The parameters are copied into a 64-byte aligned buffer first: JAX on CPU wraps such a NumPy buffer
+#: without copying it, so ``jnp.asarray(params)`` (or ``jax.device_put``) shares memory with the
+#: parameters on every draw, as it may in the notebook, and the in-place update shows it.
 SNAPSHOT_THEN_UPDATE = Source('''
 def snapshot_then_update(params, grad, snapshot_reference):
+    values = np.asarray(params, dtype=np.float32)
+    buffer = np.empty(values.size + 16, dtype=np.float32)
+    start = (-buffer.ctypes.data % 64) // buffer.itemsize
+    params = buffer[start:start + values.size]
+    params[...] = values
     snap = snapshot_reference(params)
     params_after_call = params.copy()
     frozen = np.array(snap, dtype=np.float64, copy=True)
     params += np.float32(0.5) * grad   # the given optimiser's step: in place, like theta += lr * grad
     params *= np.float32(3.0)
     return {"params_after_call": params_after_call, "snapshot": frozen,
-            "snapshot_after_update": np.array(snap, dtype=np.float64, copy=True)}
+            "snapshot_after_update": np.array(snap, dtype=np.float64, copy=True),
+            "snapshot_dtype": str(getattr(snap, "dtype", type(snap).__name__))}
 ''', "snapshot_then_update")
 
 
 @register("test_reference_snapshot", task="snapshot_reference", needs=("snapshot_reference",), forbid=ALL,
           assignment=A, notebook=NB)
 def reference_snapshot(student, rng, ref):
-    """Fresh NumPy parameters: the snapshot holds their values, leaves them untouched, and does not move
-    when the given optimiser updates them in place (returning the array itself, a view or a slice aliases)."""
+    """Fresh NumPy float32 parameters in a 64-byte aligned buffer: the snapshot holds their values, leaves
+    them untouched, does not move when the given optimiser updates them in place (the array itself, a
+    view, a slice, np.asarray or jnp.asarray of it aliases the buffer), and is float32 as asked."""
     n = 3
     params = rng.normal(size=n).astype(np.float32)
     grad = rng.normal(size=n).astype(np.float32)
     out = student.scenario(SNAPSHOT_THEN_UPDATE, ("snapshot_reference",), params, grad)
-    check(isinstance(out, dict) and set(out) == {"params_after_call", "snapshot", "snapshot_after_update"},
+    check(isinstance(out, dict) and set(out) == {"params_after_call", "snapshot", "snapshot_after_update",
+                                                 "snapshot_dtype"},
           "snapshot_reference: the grader's procedure returned something unexpected")
     equal(out["params_after_call"], params, "policy parameters after snapshot_reference",
           hint="snapshot_reference must not modify the parameters it copies")
@@ -96,4 +107,8 @@ def reference_snapshot(student, rng, ref):
           hint="return a copy of the parameters (the logits), unchanged")
     equal(out["snapshot_after_update"], out["snapshot"], "reference after in-place updates of the parameters",
           hint="the reference moved with the policy: it shares memory with the parameters (the array itself, "
-               "a view, a slice or np.asarray of it); return an independent copy, e.g. params.copy()")
+               "a view, a slice, np.asarray or jnp.asarray of it: JAX may wrap a NumPy buffer without "
+               "copying it); return an independent copy, e.g. params.copy()")
+    check(out["snapshot_dtype"] == "float32",
+          f"snapshot_reference must return float32 parameters, got {out['snapshot_dtype']}: keep the dtype "
+          f"of the logits (np.array(params, dtype=np.float32, copy=True))")

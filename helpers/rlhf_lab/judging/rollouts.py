@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import Jax, Source, check, close, equal, field, matches, to_float
-from .procedures import LOOP_FORBID, check_update, fresh_update_inputs, loss_grad, trusted_run
+from .core import Jax, Key, Source, check, close, equal, field, matches, to_float
+from .procedures import LOOP_FORBID, check_update, fresh_update_inputs, loss_grad, trusted_run, trusted_update
 from .registry import check as register
 
 A, NB = "a2_ppo_rlhf", "03_rollouts.ipynb"
@@ -29,17 +29,38 @@ def _rollout(student, inputs, hyper) -> dict:
     return out
 
 
+def distinguishing_inputs(rng, ref, mistakes, **options) -> tuple[tuple, dict]:
+    """Fresh rollout inputs (:func:`fresh_update_inputs`) on which every listed mistake changes the result.
+
+    A draw whose reference is so close to the starting policy that sampling from it picks the same
+    actions (or whose mistakes all land within the tolerance of the trusted update) could not tell
+    the mistake from a correct answer: it is drawn again, so the mistakes are named on every seed.
+    """
+    import jax
+
+    for _ in range(50):
+        inputs, hyper = fresh_update_inputs(rng, **options)
+        logits, key, rewards, ref_logp = inputs
+        draw = jax.random.key(key.seed)
+        want = trusted_update(ref, logits, draw, rewards, ref_logp, **hyper)
+        if not any(matches(trusted_update(ref, logits, draw, rewards, ref_logp, **hyper, mistake=m), want,
+                           rtol=1e-4, atol=1e-5) for m in mistakes):
+            return inputs, hyper
+    raise RuntimeError("grader self-check: no rollout inputs that tell the mistakes apart")
+
+
 @register("test_rollout_update_fresh", task="rollout_update", needs=("rollout_update",), forbid=LOOP_FORBID,
           assignment=A, notebook=NB)
 def rollout_update_fresh(student, rng, ref):
-    """Fresh logits, rewards, reference and key, 3 inner steps: the trusted procedure, every mistake named."""
-    inputs, hyper = fresh_update_inputs(rng, epochs=3)
+    """Fresh logits, rewards, reference and key, 3 inner steps: the trusted procedure, every mistake named
+    (the inputs are drawn again until each mistake changes the result, so it is named on every seed)."""
+    mistakes = ["recompute_old", "kl_to_old", "no_baseline", "batch_mean_baseline", "recompute_advantages",
+                "sample_reference", "one_step"]
+    inputs, hyper = distinguishing_inputs(rng, ref, mistakes, epochs=3)
     out = _rollout(student, inputs, hyper)
     equal(out["ref_logp"], inputs[3], "ref_logp after rollout_update", hint="the reference must never change")
     equal(out["rewards"], inputs[2], "rewards after rollout_update", hint="the reward is frozen")
-    check_update(ref, out["new_logits"], inputs, hyper, ["recompute_old", "kl_to_old", "no_baseline",
-                                                         "batch_mean_baseline", "recompute_advantages",
-                                                         "sample_reference", "one_step"])
+    check_update(ref, out["new_logits"], inputs, hyper, mistakes)
 
 
 @register("test_old_logp_frozen", task="rollout_update", needs=("rollout_update",), forbid=LOOP_FORBID,
@@ -199,7 +220,8 @@ def reference_diagnostics(ref, logits, draw_key, rewards, ref_logp, *, batch_siz
     summed over all actions (the quantity k1 and k3 estimate, samples being drawn from pi_old),
     ``ratio[e]`` = the [batch_size] ratios. ``logits`` = the logits after the last step.
     Mistakes: ``after_step`` (measured after each step), ``k1_sign``, ``k3_sign``, ``kl_reversed``,
-    ``clip_inside`` (counts the ratios inside the band).
+    ``clip_inside`` (counts the ratios inside the band), ``clip_binds`` (counts only the samples where
+    the clip binds, ``A > 0`` and ``r > 1 + eps`` or ``A < 0`` and ``r < 1 - eps``: TRL's ``pg_clipfrac``).
     """
     import jax
     import jax.numpy as jnp
@@ -219,6 +241,9 @@ def reference_diagnostics(ref, logits, draw_key, rewards, ref_logp, *, batch_siz
         log_r = np.asarray(logp_all[actions] - old_logp, np.float64)
         r = np.exp(log_r)
         outside = np.abs(r - 1.0) > epsilon
+        if mistake == "clip_binds":
+            adv = np.asarray(advantages, np.float64)
+            outside = ((adv > 0) & (r > 1.0 + epsilon)) | ((adv < 0) & (r < 1.0 - epsilon))
         rows["clip_frac"].append(float(np.mean(~outside if mistake == "clip_inside" else outside)))
         rows["k1"].append(float(np.mean(log_r if mistake == "k1_sign" else -log_r)))
         rows["k3"].append(float(np.mean((r - 1.0) + log_r if mistake == "k3_sign" else (r - 1.0) - log_r)))
@@ -248,14 +273,24 @@ DIAGNOSTIC_MISTAKES = {
     "kl_reversed": "exact_kl is reversed: k1 and k3 estimate KL(pi_old || pi_theta) = sum_a pi_old(a) "
                    "(log pi_old(a) - log pi_theta(a)), the samples come from pi_old",
     "clip_inside": "the clip fraction counts the ratios INSIDE the band: count those with |r - 1| > epsilon",
+    "clip_binds": "the clip fraction counts only the samples where the clip binds (TRL's pg_clipfrac: outside "
+                  "the band on the side the advantage pushes towards); clip_frac is the share of ALL samples "
+                  "outside the band, mean(|r - 1| > epsilon), on either side",
 }
+
+#: The lesson's batch (03_rollouts' diagnostics cell): the lesson's start and rewards, key 1, 32 samples,
+#: 4 inner steps at learning rate 1.0. From the second step on every ratio is outside the band but the
+#: clip binds on only some of them, so the two definitions of the clip fraction differ on every draw.
+LESSON_DIAGNOSTICS = dict(batch_size=32, epochs=4, beta=0.2, epsilon=0.2, learning_rate=1.0)
 
 
 @register("test_inner_diagnostics", task="inner_diagnostics", needs=("inner_diagnostics",),
           forbid=LOOP_FORBID + ("clip_fraction",), assignment=A, notebook=NB)
 def inner_diagnostics(student, rng, ref):
     """Fresh rollout, 4 inner steps: the first ratios are exactly 1, every metric per epoch matches the
-    trusted procedure, and each named mistake (measured after the step, signs, KL direction) is told."""
+    trusted procedure, and each named mistake (measured after the step, signs, KL direction) is told.
+    Then the lesson's batch, where the share outside the band (clip_frac) and the share where the clip
+    binds (TRL's pg_clipfrac) always differ: counting the second is named on every draw."""
     import jax
 
     inputs, hyper = fresh_update_inputs(rng, epochs=4)
@@ -279,3 +314,26 @@ def inner_diagnostics(student, rng, ref):
                "so exp(logp - old_logp) is exactly 1")
     close(field(out, "logits", "inner_diagnostics"), want["logits"], "logits after the inner steps",
           rtol=1e-4, atol=1e-5, hint="the diagnostics must not change the update: same steps as rollout_update")
+    # the lesson's batch, where counting the samples the clip binds on differs from counting those outside
+    # the band (a fresh rollout may have no sample outside the band on the side the clip leaves alone),
+    # and the KL is large enough that its two directions differ beyond the tolerance (on a fresh rollout
+    # whose policy barely moves they agree to third order)
+    from rlhf_lab.trainer import lesson_rewards
+
+    rewards = np.asarray(lesson_rewards(), np.float32)
+    ref_logp = np.asarray(jax.nn.log_softmax(LESSON_INIT))
+    lesson = reference_diagnostics(ref, LESSON_INIT, jax.random.key(1), rewards, ref_logp, **LESSON_DIAGNOSTICS)
+    binds = reference_diagnostics(ref, LESSON_INIT, jax.random.key(1), rewards, ref_logp, **LESSON_DIAGNOSTICS,
+                                  mistake="clip_binds")
+    check(not matches(lesson["clip_frac"], binds["clip_frac"]), "grader self-check (the lesson's clip fractions)")
+    out = student.call("inner_diagnostics", Jax(LESSON_INIT), Key(1), Jax(rewards), Jax(ref_logp), **LESSON_DIAGNOSTICS)
+    wrongs = {m: reference_diagnostics(ref, LESSON_INIT, jax.random.key(1), rewards, ref_logp, **LESSON_DIAGNOSTICS,
+                                       mistake=m) for m in DIAGNOSTIC_MISTAKES}
+    for name in ("clip_frac", "k1", "k3", "exact_kl", "ratio"):
+        got = to_float(field(out, name, "inner_diagnostics"), f"inner_diagnostics[{name!r}]")
+        if not matches(got, lesson[name], rtol=1e-4, atol=1e-5):
+            for mistake, message in DIAGNOSTIC_MISTAKES.items():
+                check(not matches(got, wrongs[mistake][name], rtol=1e-4, atol=1e-5), f"inner_diagnostics: {message}")
+        close(got, lesson[name], f"{name} per inner epoch on the lesson's batch (key 1, learning rate 1.0)",
+              rtol=1e-4, atol=1e-5, hint="clip_frac = mean(|r - 1| > epsilon) before each inner step"
+              if name == "clip_frac" else "")

@@ -13,6 +13,13 @@ runs the inputs its task statement covers that the sampler never makes (:func:`j
 junk on padding, one-response and one-token batches, constant and near-constant groups,
 zero-variance and zero advantages, NumPy float64 inputs), and names the mistake where it is a
 classic one.
+
+Every input has a type, dtype and shape its task statement promises: arrays go in as JAX float32
+arrays (:class:`~.core.Jax`), and as NumPy float64 arrays only to the tasks whose statement says
+they are called with NumPy too (``masked_nll``, ``sequence_logprob``, ``preference_loss``,
+``value_loss``, ``fit_overoptimisation``, ``rloo_advantages``, ``length_normalised_score``; and
+``response_mask`` with a NumPy integer response of shape ``[T]``). A check reads the dtype where the
+task asks for one (the float mask).
 """
 from __future__ import annotations
 
@@ -79,6 +86,14 @@ def one_token_batch(rng):
     return tokens, mask
 
 
+def _dtype_kind(value) -> str | None:
+    """The NumPy dtype kind of an array the student returned (``"f"`` float, ``"i"`` integer, ``"b"`` bool)."""
+    try:
+        return np.asarray(value).dtype.kind
+    except Exception:  # noqa: BLE001 - a ragged nesting has no dtype
+        return None
+
+
 def f64(x):
     """``x`` as a NumPy float64 array (passed as NumPy, not as a JAX array: the student's code sees float64)."""
     return np.asarray(x, np.float64)
@@ -97,6 +112,10 @@ def seq_response_mask(student, rng, ref):
     tokens, mask, _ = fresh_responses(rng, 10)
     got = student.call("response_mask", Jax(tokens), EOS, PAD)
     want = np.asarray(sq.response_mask(tokens, EOS, PAD))
+    kind = _dtype_kind(got)
+    check(kind == "f", f"response_mask must return a float mask (float32, as the statement asks), got "
+                       f"{'dtype ' + str(np.asarray(got).dtype) if kind else type(got).__name__}: the mask multiplies "
+                       f"log-probs and is summed into counts; convert it with .astype(jnp.float32)")
     diagnose(got, want, lambda: {
         "EOS itself is masked: EOS is a real token (it is sampled, has a log-prob and carries the "
         "score); the mask is 1 up to AND including the first EOS, 0 only on padding":
@@ -122,10 +141,12 @@ def seq_response_mask(student, rng, ref):
     }, "response_mask", atol=1e-6)
     close(got, want, "response_mask on responses followed by content tokens and a second EOS after their "
           "first EOS (not PAD)", rtol=0.0, atol=1e-6, hint="no EOS may occur before position t")
-    # one response as a 1-D array, as NumPy int64: the shape is [..., T]
+    # one response as a 1-D array, as NumPy int64: the statement's shape is [..., T], a batch [B, T] or one
+    # response [T]
     close(student.call("response_mask", junk[2].astype(np.int64), EOS, PAD), want[2],
           "response_mask of a single response (a 1-D NumPy int64 array of shape (T,))", rtol=0.0, atol=1e-6,
-          hint="work along the last axis (axis=-1) and return the shape of `tokens`")
+          hint="tokens is [..., T]: work along the last axis (axis=-1, tokens[..., t]), not axis=1, and return "
+               "the shape of `tokens`")
 
 
 @register("test_seq_masked_nll", task="masked_nll", needs=("masked_nll",), forbid=ALL, assignment=A, notebook=NB1)
@@ -284,8 +305,6 @@ def seq_rewards_kl(student, rng, ref):
     diagnose(got, want, lambda: _reward_mistakes(logp_j, ref_j, score, mask, lengths, beta), "per_token_rewards")
     close(got, want, "per-token rewards with junk log-probs on padding (padding must get reward 0)", rtol=1e-4,
           atol=1e-5, hint="multiply the KL penalty by the mask")
-    close(student.call("per_token_rewards", f64(logp_j), f64(ref_j), f64(score), f64(mask), beta), want,
-          "per-token rewards on NumPy float64 inputs", rtol=1e-4, atol=1e-5)
     # batches of one response: EOS alone, and a truncated one
     for row, what in ((0, "EOS alone"), (1, "truncated, no EOS")):
         one = slice(row, row + 1)
@@ -359,7 +378,8 @@ def seq_gae_edges(student, rng, ref):
     _gae_check(student, rewards[1:2], values[1:2], mask[1:2], 1.0, 1.0,
                "one truncated response, lambda = gamma = 1: A_t = sum_{u>=t} r_u - V_t, no bootstrap after T")
     _gae_check(student, rewards, values, mask, 0.0, 0.9, "gamma = 0: A_t = r_t - V_t")
-    _gae_check(student, f64(rewards), f64(values), f64(mask), 0.9, 0.8, "NumPy float64 inputs, gamma 0.9, lambda 0.8")
+    _gae_check(student, f64(rewards), f64(values), f64(mask), 0.9, 0.8,
+               "gamma 0.9, lambda 0.8, expected values in float64")
 
 
 @register("test_seq_whiten", task="whiten", needs=("whiten",), forbid=ALL, assignment=A, notebook=NB2)
@@ -397,8 +417,6 @@ def seq_whiten(student, rng, ref):
     }, "whiten", atol=1e-4)
     close(got, want, "whitened advantages with junk on padding", rtol=1e-3, atol=1e-4,
           hint="mask the advantages before summing them")
-    close(student.call("whiten", f64(adv_j), f64(mask)), want, "whitened advantages from NumPy float64 inputs",
-          rtol=1e-3, atol=1e-4)
     # zero variance: every real advantage equal (a power of two, so its mean is exact in any order)
     flat = np.where(mask > 0, float(rng.choice([-1.0, 1.0])) * 2.0 ** int(rng.integers(-2, 3)), 0.0)
     close(student.call("whiten", Jax(flat.astype(np.float32)), Jax(mask)), np.zeros_like(mask),
@@ -450,10 +468,10 @@ def seq_policy_loss(student, rng, ref):
           rtol=1e-4, atol=1e-6)
     close(g[1], np.zeros_like(old), "gradient w.r.t. old_logp", rtol=0.0, atol=0.0,
           hint="old_logp belongs to the behaviour policy: wrap it in stop_gradient")
-    # junk old log-probs on padding too, as NumPy float64
+    # junk old log-probs on padding too
     old_j = _garbage(rng, mask, old)
-    close(student.call("policy_loss", f64(logp), f64(old_j), f64(adv), f64(mask), eps), want,
-          "policy_loss with junk old log-probs on padding, NumPy float64 inputs", rtol=1e-4, atol=1e-5,
+    close(student.call("policy_loss", Jax(logp), Jax(old_j), Jax(adv), Jax(mask), eps), want,
+          "policy_loss with junk old log-probs on padding", rtol=1e-4, atol=1e-5,
           hint="padding must not count, whatever numbers sit there")
     # every advantage 0 (a batch whose scores carry no signal): loss 0 and no gradient
     zero = np.zeros_like(adv)
@@ -667,17 +685,17 @@ def seq_kl_estimators(student, rng, ref):
     for name in ("k1", "k3"):
         close(float(np.sum(p * np.asarray(field(parts, name, "kl_estimators"), np.float64))), exp["kl"],
               f"E_pi[{name}] over all 6 actions (must equal the exact KL(pi || pi_ref))", rtol=1e-4, atol=1e-5)
-    # identical log-probs: every estimator is 0; far from the reference; [B, T] arrays; NumPy float64
+    # identical log-probs: every estimator is 0; far from the reference; [B, T] arrays
     same = student.call("kl_estimators", Jax(logp), Jax(logp))
     for name in ("k1", "k2", "k3"):
         close(field(same, name, "kl_estimators"), np.zeros_like(logp), f"{name} when pi = pi_ref (must be 0)",
               rtol=0.0, atol=1e-6)
-    grid = -rng.uniform(0.05, 3.0, size=(3, 4))
-    far = grid + rng.choice([-1.0, 1.0], size=grid.shape) * rng.uniform(3.0, 6.0, size=grid.shape)
-    got = student.call("kl_estimators", f64(grid), f64(far))
+    grid = (-rng.uniform(0.05, 3.0, size=(3, 4))).astype(np.float32)
+    far = (grid + rng.choice([-1.0, 1.0], size=grid.shape) * rng.uniform(3.0, 6.0, size=grid.shape)).astype(np.float32)
+    got = student.call("kl_estimators", Jax(grid), Jax(far))
     for name, fn in (("k1", sq.k1), ("k2", sq.k2), ("k3", sq.k3)):
         close(field(got, name, "kl_estimators"), np.asarray(fn(f64(grid), f64(far)), np.float64),
-              f"{name} on a [3, 4] NumPy float64 array far from the reference (|log-ratio| 3 to 6 nats)",
+              f"{name} on a [3, 4] array far from the reference (|log-ratio| 3 to 6 nats)",
               rtol=1e-4, atol=1e-5, hint="elementwise: the result has the shape of logp")
 
 
@@ -761,7 +779,7 @@ def seq_group_advantages(student, rng, ref):
                "(s - mean) / (std + 1e-6) is 0 there (keep the + 1e-6, 0 / 0 is NaN)")
     close(got_rows[1:], want[1:], "group advantages of the other rows", rtol=1e-3, atol=1e-4)
     # near-constant groups (population std exactly 1% of the level: real signal, 100x above the
-    # constant-group rule), groups of one response, one group, NumPy float64
+    # constant-group rule), groups of one response, one group
     level = float(rng.uniform(1.0, 4.0)) * float(rng.choice([-1.0, 1.0]))
     z = rng.normal(size=(2, k))
     z = (z - z.mean(axis=1, keepdims=True)) / z.std(axis=1, keepdims=True)
@@ -777,8 +795,8 @@ def seq_group_advantages(student, rng, ref):
           "are still about +-1)", rtol=1e-3, atol=1e-4, hint="(s - mean) / (std + 1e-6) with the population std")
     close(student.call("group_advantages", Jax(scores[:, :1])), np.zeros((g, 1)),
           "group advantages of groups of one response each (each is its own mean: 0)", rtol=0.0, atol=1e-6)
-    close(student.call("group_advantages", f64(scores[1:2])), group_advantages64(scores[1:2]),
-          "group advantages of one group given as NumPy float64", rtol=1e-3, atol=1e-4)
+    close(student.call("group_advantages", Jax(scores[1:2])), group_advantages64(scores[1:2]),
+          "group advantages of one group (shape [1, K])", rtol=1e-3, atol=1e-4)
 
 
 def rloo_advantages64(rewards) -> np.ndarray:
