@@ -22,10 +22,12 @@ Target (the course's issue): one student's course in at most two thirds of the b
 Every autograde runs with ``RLHF_TIMELINE`` set (:mod:`rlhf_lab.instructor.grader.timeline`), and
 the report says where each tree's time goes: nbgrader's start-up and own work, the pre-flight, the
 kernels' start and stop, the first cell (``import rlhf_lab`` and ``grading.start()``), the other
-cells, and the judged cells with the trusted gradient runtime (medians over the repeats). A baseline
-without the timeline gets only its totals.
+cells, and the judged cells (medians over the repeats). A baseline without the timeline gets only its
+totals. Beside the wall clock, each autograde's CPU time (the nbgrader process and every process it
+waited for: kernels, sandboxes) is reported, as core-seconds.
 
-Usage: ``python bench/bench_student.py [--baseline REV] [--repeats N] [--out bench/results/student.md]``
+Usage: ``python bench/bench_student.py [--baseline REV] [--repeats N] [--assignments A ...]
+[--out bench/results/student.md]``
 """
 from __future__ import annotations
 
@@ -56,7 +58,6 @@ PROFILE_COLUMNS = [
     ("first cell", "`import rlhf_lab` and `grading.start()` (the locked first cell)"),
     ("other cells in the kernel", "given code, answers, experiments"),
     ("judged cells", "the judge: its checks and their requests to the kernel"),
-    ("of which trusted runtime", "start-up and re-run cells of the gradient runtime"),
 ]
 
 
@@ -86,7 +87,6 @@ def phases(timeline: list[dict], total: float) -> dict:
         "first cell": first_cells,
         "other cells in the kernel": cells - first_cells,
         "judged cells": judged,
-        "of which trusted runtime": sum(r.get("trusted_runtime", 0.0) for r in timeline if r["phase"] == "judged cell"),
     }
 
 
@@ -122,13 +122,18 @@ def worker(tree: Path, course: Path, request: dict) -> dict:
         path = Path(request["timeline"])
         path.unlink(missing_ok=True)
         os.environ["RLHF_TIMELINE"] = str(path)
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         run = pipeline.autograde_student(request["assignment"], STUDENT, course, db_url=db)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if not run.ok:
             return {"ok": False, "reason": run.reason, "log": run.log_tail}
         table = pipeline.read_grades(course, db)
         cells = {k: [c.score, c.max_score] for k, c in table.by_cell(STUDENT, request["assignment"]).items()}
         records = timeline.read(path) if timeline else []
-        return {"ok": True, "seconds": run.seconds, "cells": cells, "phases": phases(records, run.seconds)}
+        return {"ok": True, "seconds": run.seconds, "cpu": cpu, "cells": cells, "phases": phases(records, run.seconds)}
     raise ValueError(request["op"])
 
 
@@ -166,6 +171,7 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision to compare with")
     parser.add_argument("--repeats", type=int, default=2, help="autogrades per assignment and tree (median)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "student.md")
+    parser.add_argument("--assignments", nargs="*", help="only these graded assignments (default: all)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -187,9 +193,11 @@ def main(argv=None) -> int:
         try:
             courses = {name: tmp / f"course-{name}" for name in trees}
             setup = {name: call_worker(trees[name], courses[name], {"op": "setup"}) for name in trees}
-            assignments = setup["current"]["assignments"]
+            assignments = [a for a in setup["current"]["assignments"]
+                           if not args.assignments or a in args.assignments]
             print(f"set up: seeds {setup}", flush=True)
             seconds = {name: {a: [] for a in assignments} for name in trees}
+            cpus = {name: {a: [] for a in assignments} for name in trees}
             cells = {name: {} for name in trees}
             profile = {name: {} for name in trees}
             for repeat in range(args.repeats):
@@ -201,13 +209,16 @@ def main(argv=None) -> int:
                         if not res["ok"]:
                             raise SystemExit(f"{name} failed to grade {a}: {res['reason']}\n{res['log']}")
                         seconds[name][a].append(res["seconds"])
+                        cpus[name][a].append(res["cpu"])
                         cells[name][a] = res["cells"]
                         profile[name].setdefault(a, []).append(res["phases"])
-                        print(f"repeat {repeat + 1} {a} {name}: {res['seconds']:.1f} s", flush=True)
+                        print(f"repeat {repeat + 1} {a} {name}: {res['seconds']:.1f} s, {res['cpu']:.1f} core-s",
+                              flush=True)
         finally:
             drop_tree(trees["baseline"])
 
     med = {name: {a: statistics.median(v) for a, v in seconds[name].items()} for name in seconds}
+    cpu = {name: {a: statistics.median(v) for a, v in cpus[name].items()} for name in cpus}
     total = {name: sum(med[name].values()) for name in med}
     ratio = total["current"] / total["baseline"]
     same = cells["baseline"] == cells["current"]
@@ -219,12 +230,16 @@ def main(argv=None) -> int:
              "process, judge + sandbox + compile cache, seeds built and one untimed autograde of each assignment "
              "beforehand), the two trees in turns. "
              f"Load average (1/5/15 min) at the start: {load_start}, at the end: {load()}.", "",
-             "| assignment | baseline | current | current / baseline |", "|---|---|---|---|"]
+             "| assignment | baseline | current | current / baseline | CPU baseline | CPU current | CPU ratio |",
+             "|---|---|---|---|---|---|---|"]
     for a in med["current"]:
         lines.append(f"| {a} | {med['baseline'][a]:.1f} s | {med['current'][a]:.1f} s | "
-                     f"{med['current'][a] / med['baseline'][a]:.2f} |")
-    lines.append(f"| **the course (9 notebooks)** | **{total['baseline']:.1f} s** | **{total['current']:.1f} s** | "
-                 f"**{ratio:.2f}** |")
+                     f"{med['current'][a] / med['baseline'][a]:.2f} | {cpu['baseline'][a]:.1f} core-s | "
+                     f"{cpu['current'][a]:.1f} core-s | {cpu['current'][a] / cpu['baseline'][a]:.2f} |")
+    cpu_total = {name: sum(cpu[name].values()) for name in cpu}
+    lines.append(f"| **all ({len(med['current'])} assignments)** | **{total['baseline']:.1f} s** | "
+                 f"**{total['current']:.1f} s** | **{ratio:.2f}** | **{cpu_total['baseline']:.1f} core-s** | "
+                 f"**{cpu_total['current']:.1f} core-s** | **{cpu_total['current'] / cpu_total['baseline']:.2f}** |")
     lines += ["", f"Target: at most {TARGET_RATIO:.2f} of the baseline: **{'met' if ratio <= TARGET_RATIO else 'not met'}**. "
               f"Grades cell by cell: **{'the same' if same else 'DIFFERENT'}**"
               + ("" if same else f" (baseline {cells['baseline']}, current {cells['current']})") + ".", ""]

@@ -369,6 +369,8 @@ class _Run:
 
     def __init__(self, program: Program, limits: Limits):
         self.program, self.limits = program, limits
+        #: one boolean per while loop evaluated: true when it stopped at the iteration bound
+        self.overflows: list = []
 
     def jaxpr(self, index: int, args) -> list:
         jp = self.program.jaxprs[index]
@@ -512,8 +514,7 @@ def _scan(run: _Run, eqn: Eqn, ins):
 
 def _while(run: _Run, eqn: Eqn, ins):
     """``lax.while_loop`` with a counter: a loop still running after :attr:`Limits.while_iterations`
-    stops, and the evaluation that sees it fails (:func:`judge_gradient` evaluates the value first)."""
-    import jax
+    stops, and :attr:`_Run.overflows` says so (:func:`judge_gradient` then fails the check)."""
     import jax.numpy as jnp
     from jax import lax
 
@@ -534,8 +535,7 @@ def _while(run: _Run, eqn: Eqn, ins):
         return i + 1, tuple(body(*bconsts, *vals))
 
     count, final = lax.while_loop(keep_going, step, (jnp.int32(0), tuple(init)))
-    if not isinstance(count, jax.core.Tracer) and int(count) >= bound:
-        _expect(not bool(cond(*cconsts, *final)[0]), f"has a while loop that ran more than {bound:,} iterations")
+    run.overflows.append(jnp.logical_and(count >= bound, cond(*cconsts, *final)[0]))
     return list(final)
 
 
@@ -598,29 +598,41 @@ def judge_gradient(task: str, value, body, args: tuple, argnums, limits: Limits 
     _expect(len(program.root.inputs) == len(nums),
             f"takes {len(program.root.inputs)} inputs where {len(nums)} were differentiated")
     _expect(len(program.root.outputs) == 1, "returns more than one value")
-    fn = function(program, limits)
+    nargs = len(nums)
+
+    def value_and_overflow(*x):
+        run = _Run(program, limits)
+        out = run.jaxpr(0, list(x))[0]
+        return out, (jnp.any(jnp.stack(run.overflows)) if run.overflows else jnp.bool_(False))
+
     with jax.enable_x64(True):
+        import jax.numpy as jnp
+
         inputs = [_input(args[i], var) for i, var in zip(nums, program.root.inputs)]
-        try:
-            jax.eval_shape(lambda *x: fn(*x), *inputs)  # every shape and parameter checked before any array is made
-            rebuilt = np.asarray(fn(*inputs)[0])
+        try:  # every shape and parameter checked abstractly before any array is made
+            shape = jax.eval_shape(value_and_overflow, *inputs)[0]
         except GradingError:
             raise
         except Exception as exc:  # noqa: BLE001 - a program the grader's JAX refuses is the answer's problem
             _fail(f"could not be rebuilt by the grader ({type(exc).__name__}: {str(exc)[:300]})")
-        if rebuilt.shape != ():
+        if shape.shape != ():
             raise GradingError(f"{task}: jax.grad needs a function that returns one number; yours returns shape "
-                               f"{rebuilt.shape}")
-        if rebuilt.dtype.kind != "f":
-            raise GradingError(f"{task}: jax.grad needs a function that returns a float; yours returns {rebuilt.dtype}")
-        if not _same_value(rebuilt, value):
-            raise GradingError(value_mismatch_message(task))
+                               f"{shape.shape}")
+        if np.dtype(shape.dtype).kind != "f":
+            raise GradingError(f"{task}: jax.grad needs a function that returns a float; yours returns {shape.dtype}")
+        # one compiled program for the value and the gradient (a few tens of ms), not an XLA
+        # compilation per primitive as an op-by-op evaluation would cost in a fresh grader process
+        both = jax.jit(jax.value_and_grad(value_and_overflow, argnums=tuple(range(nargs)), has_aux=True))
         try:
-            grads = jax.grad(lambda *x: fn(*x)[0], argnums=tuple(range(len(nums))))(*inputs)
+            (rebuilt, overflow), grads = both(*inputs)
         except GradingError:
             raise
         except Exception as exc:  # noqa: BLE001
             _fail(f"could not be differentiated by the grader ({type(exc).__name__}: {str(exc)[:300]})")
+        if bool(overflow):
+            _fail(f"has a while loop that ran more than {limits.while_iterations:,} iterations")
+        if not _same_value(np.asarray(rebuilt), value):
+            raise GradingError(value_mismatch_message(task))
         grads = [np.array(g) for g in grads]
     return tuple(grads) if isinstance(argnums, (tuple, list)) else grads[0]
 
