@@ -21,7 +21,13 @@ half second before it exits can be missed, so the sampled total is a little unde
 
 Target: the whole demo within 4 minutes on a quiet 2-core machine.
 
-Usage: ``python bench/bench_demo.py [--workers N] [--repeats R] [--with-seeds] [--out bench/results/demo.md]``
+With ``--baseline REV`` the two kinds of run are instead this tree and a git worktree of revision
+``REV`` (its own course copy and ``rlhf_lab`` on ``PYTHONPATH``, the same venv), both with N workers,
+in the order ``baseline, current, current, baseline, ...``: a change measured against the code before
+it, in the same run, with the CPU of each run by kind of process.
+
+Usage: ``python bench/bench_demo.py [--workers N] [--repeats R] [--with-seeds] [--baseline REV]
+[--out bench/results/demo.md]``
 """
 from __future__ import annotations
 
@@ -154,11 +160,13 @@ def cell_grades(root: Path) -> dict:
     return out
 
 
-def one_demo(base: Path, label: str, workers: int, with_seeds: bool) -> dict:
+def one_demo(base: Path, label: str, workers: int, with_seeds: bool, tree: Path = ROOT) -> dict:
     include = pipeline.COURSE_FILES if with_seeds else tuple(n for n in pipeline.COURSE_FILES if n != ".cache")
-    course = pipeline.copy_course(base / label, ROOT, include=include)
+    course = pipeline.copy_course(base / label, tree, include=include)
     env = {k: v for k, v in os.environ.items() if k not in ("RLHF_COURSE_DB", "RLHF_EXCHANGE", "RLHF_PROGRESS")}
     env["RLHF_COURSE_ROOT"] = str(course)
+    if tree != ROOT:
+        env["PYTHONPATH"] = str(tree / "helpers")
     load_before = os.getloadavg()[0]
     before = cpu_snapshot()
     sampler = CpuSampler().start()
@@ -199,13 +207,70 @@ def cpu_table(r: dict, cores: int) -> list[str]:
     return out
 
 
+def compare_with_baseline(args) -> int:
+    """This tree against a worktree of ``args.baseline``, both at ``args.workers`` (see the module docstring)."""
+    cores = pipeline.default_workers()
+    start_load = load()
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    results = {"baseline": [], "current": []}
+    with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
+        base = Path(tmp)
+        tree = base / "baseline-tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True,
+                       capture_output=True)
+        try:
+            order = []
+            for k in range(args.repeats):
+                order += ["baseline", "current"] if k % 2 == 0 else ["current", "baseline"]
+            for i, which in enumerate(order):
+                results[which].append(one_demo(base, f"run{i + 1}-{which}", args.workers, args.with_seeds,
+                                               tree if which == "baseline" else ROOT))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    runs = results["baseline"] + results["current"]
+    same = all(r["grades"] == runs[0]["grades"] for r in runs) and runs[0]["grades"]
+    wall = {k: statistics.median(r["wall"] for r in v) for k, v in results.items()}
+    cpu = {k: statistics.median(sum(c for c, _ in r["cpu_by_kind"].values()) for r in v) for k, v in results.items()}
+    lines = [
+        f"# `make demo` end to end: `{head}` against `{rev}`", "",
+        f"Measured {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {platform.node()} ({cores} usable cores, "
+        f"Python {platform.python_version()}) by `bench/bench_demo.py --baseline {args.baseline}"
+        f"{' --repeats ' + str(args.repeats) if args.repeats != 1 else ''}`: each run is `python -m rlhf_lab.demo "
+        f"--workers {args.workers}` on a fresh copy of its tree's course (no compile-cache seed: each run builds "
+        f"them), in the order {', '.join(r['label'] for r in sorted(runs, key=lambda r: r['label']))}. "
+        f"Load average (1/5/15 min) at the start: {start_load}, at the end: {load()}.", "",
+        "| run | wall | CPU sampled (core-seconds) | load before -> after | other programs' cores |",
+        "|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: r["label"]):
+        lines.append(f"| {r['label']} | {r['wall']:.1f} s | {sum(c for c, _ in r['cpu_by_kind'].values()):.0f} | "
+                     f"{r['load_before']:.1f} -> {r['load_after']:.1f} | {r['other_cores']:.2f} |")
+    lines += ["", f"**Wall: {wall['current']:.1f} s vs {wall['baseline']:.1f} s ({wall['current'] / wall['baseline']:.2f}); "
+                  f"CPU: {cpu['current']:.0f} vs {cpu['baseline']:.0f} core-seconds "
+                  f"({cpu['current'] / cpu['baseline']:.2f}).** "
+              + ("Every run gave the same grades, cell by cell." if same else "THE RUNS GAVE DIFFERENT GRADES."), ""]
+    for r in (results["baseline"][0], results["current"][0]):
+        lines += cpu_table(r, cores)
+    text = "\n".join(lines)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    return 0 if same else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=pipeline.default_workers())
     ap.add_argument("--repeats", type=int, default=1, help="pairs of runs (order 1, N, N, 1, ...)")
     ap.add_argument("--with-seeds", action="store_true", help="start from the repository's compile-cache seeds")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "demo.md")
+    ap.add_argument("--baseline", help="compare this tree with a worktree of this revision (both at --workers)")
     args = ap.parse_args(argv)
+    if args.baseline:
+        return compare_with_baseline(args)
 
     cores = pipeline.default_workers()
     start_load = load()
