@@ -121,6 +121,12 @@ def test_a_custom_rule_written_in_the_kernel_is_never_used():
     np.testing.assert_allclose(rebuilt_grad(loss, 1, X, W), np.exp(W) * X + 2 * W, rtol=1e-5)
 
 
+def test_a_random_key_in_the_program_is_refused_with_its_dtype():
+    key = jax.random.key(0)
+    with pytest.raises(ProgramError, match="unsupported dtype"):
+        rebuilt_grad(lambda x, w: jnp.sum(w * x * jax.random.normal(key, (5,))), 1, X, W)
+
+
 def test_numpy_code_is_untraceable_and_says_why():
     student = LocalStudent({"f": lambda x, w: float(np.sum(np.asarray(x) * np.asarray(w)))})
     with pytest.raises(GradingError, match="JAX could not trace it.*TracerArrayConversionError"):

@@ -244,7 +244,11 @@ def describe(closed):
 
         def var(v):
             ids[v] = len(ids)
-            return [ids[v], np.dtype(v.aval.dtype).name, [int(d) for d in v.aval.shape]]
+            try:
+                dtype = np.dtype(v.aval.dtype).name
+            except TypeError:  # a PRNG key, a token: named, and refused by the judge
+                dtype = str(getattr(v.aval, "dtype", type(v.aval).__name__))[:40]
+            return [ids[v], dtype, [int(d) for d in getattr(v.aval, "shape", ())]]
 
         def atom(v):
             if isinstance(v, jcore.Literal):
@@ -253,7 +257,7 @@ def describe(closed):
 
         const = []
         for v, c in zip(jaxpr.constvars, values):
-            consts.append(encode(np.asarray(c)))
+            consts.append(encode(c if type(c).__module__.startswith(("jax", "jaxlib")) else np.asarray(c)))
             const.append([var(v), len(consts) - 1])
         invars = [var(v) for v in jaxpr.invars]
         eqns = []
@@ -290,7 +294,12 @@ def trace(fn, argnums, args, kwargs):
     except Exception as exc:  # noqa: BLE001 - the judge says why the function cannot be differentiated
         first = (str(exc).strip().splitlines() or [""])[0]
         raise Untraceable(type(exc).__name__ + ": " + first[:300]) from None
-    return value, describe(closed)
+    try:
+        return value, describe(closed)
+    except Refused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a value in the program that plain data cannot carry
+        raise Refused("a program holding a value the grader cannot read (" + type(exc).__name__ + ")") from None
 
 
 class Untraceable(Exception):
@@ -320,6 +329,8 @@ def bridge(request_text):
                 out, program = trace(namespace[name], req["argnums"], args, kwargs)
             except Untraceable as exc:
                 return json.dumps({"ok": False, "kind": "untraceable", "error": str(exc)})
+            except Refused as exc:
+                return json.dumps({"ok": False, "kind": "refused", "error": str(exc)})
             try:
                 return json.dumps({"ok": True, "value": encode(out), "program": program})
             except Refused as exc:
