@@ -298,10 +298,125 @@ def test_answers_that_ignore_the_function_they_are_given_fail():
         u, c, d = surrogate_table(ratios, advantages, epsilon, surrogate)
         return u, c, jnp.asarray(d, jnp.float32)
 
+    def own_boundary(epsilon, advantage, ratios=0.5 + 0.05 * np.arange(31), surrogate=ppo_surrogate):
+        return clip_boundary(epsilon, advantage, ratios, ppo_surrogate)
+
+    def own_numbers(ratio, advantage, epsilon=0.2, surrogate=ppo_surrogate):
+        return cap_numbers(ratio, advantage, epsilon, ppo_surrogate)
+
+    def own_gradients(ratios, advantages, epsilon=0.2, surrogate=ppo.clipped_surrogate):
+        return surrogate_gradients(ratios, advantages, epsilon, ppo.clipped_surrogate)
+
+    def own_kl(logits, old_logp, actions, advantages, ref_logits, beta, epsilon=0.2,
+               surrogate=ppo.clipped_surrogate, kl=kl_divergence):
+        return clipped_kl_loss(logits, old_logp, actions, advantages, ref_logits, beta, epsilon, surrogate,
+                               kl_divergence)
+
+    def own_update(rewards, init_logits, *, update=rollout_update, **options):
+        return run_ppo(rewards, init_logits, update=rollout_update, **options)
+
     for seed in range(3):
         _fails("test_surrogate_table", _with(surrogate_table=own_surrogate), "call the surrogate argument", seed)
         _fails("test_beta_sweep", _with(beta_sweep=own_penalty), "call the penalize argument", seed)
+        _fails("test_clip_boundary", _with(clip_boundary=own_boundary),
+               "sweep with the surrogate argument, not ppo_surrogate", seed)
+        _fails("test_capped_pair", _with(cap_numbers=own_numbers), "call the surrogate argument, not ppo_surrogate",
+               seed)
+        _fails("test_surrogate_gradients", _with(surrogate_gradients=own_gradients),
+               "differentiate the surrogate argument", seed)
+    _fails("test_clipped_kl_loss", _with(clipped_kl_loss=own_kl), "call the kl argument, not kl_divergence")
+    _fails("test_loop", _with(run_ppo=own_update), "must call its update argument once per rollout")
     _fails("test_surrogate_table", _with(surrogate_table=float_diverge), "diverge must be a boolean array")
+
+
+#: Every function a check hands to a student's function (the stand-ins), by the module that defines it.
+STAND_INS = {"objective": ("TRUSTED_SURROGATE", "SCALED_SURROGATE", "WIDE_SURROGATE", "TRUSTED_PENALIZE",
+                           "SCALED_PENALIZE", "TRUSTED_JAX_SURROGATE", "SCALED_JAX_SURROGATE", "TRUSTED_JAX_KL",
+                           "SCALED_JAX_KL"),
+             "rollouts": ("TRUSTED_UPDATE",)}
+#: The procedures a check runs on the student's side with the student's functions (``student.scenario``):
+#: trusted code that is not handed to the student (the recording update LOOP_WITH_RECORDER defines is, and is
+#: tested through run_ppo below).
+SCENARIOS = {"rollouts": ("ROLLOUT_AND_INPUTS", "LOOP_WITH_RECORDER"), "reward_reference": ("SNAPSHOT_THEN_UPDATE",)}
+
+
+def test_every_source_of_the_checks_is_a_known_stand_in_or_scenario():
+    """A new function written by a check must be listed above, so the JAX test below covers it."""
+    import importlib
+    import pkgutil
+
+    import rlhf_lab.judging as judging
+
+    for info in pkgutil.iter_modules(judging.__path__):
+        module = importlib.import_module(f"rlhf_lab.judging.{info.name}")
+        found = {n for n, v in vars(module).items() if isinstance(v, Source)}
+        assert found == set(STAND_INS.get(info.name, ())) | set(SCENARIOS.get(info.name, ())), (info.name, found)
+
+
+def test_every_stand_in_is_a_jax_function():
+    """jit, vmap and grad of each stand-in work and agree with calling it (no NumPy inside)."""
+    from rlhf_lab.judging import objective
+
+    r = jnp.array([0.5, 0.9, 1.1, 1.6], jnp.float32)
+    a = jnp.array([1.0, -1.0, 1.5, -0.5], jnp.float32)
+    for name in STAND_INS["objective"]:
+        fn = getattr(objective, name).build()
+        if "SURROGATE" in name and "JAX" not in name:
+            for clip in (True, False):
+                eager = fn(r, a, 0.15, clip=clip)
+                assert np.allclose(jax.jit(fn, static_argnames="clip")(r, a, 0.15, clip=clip), eager), name
+                assert np.allclose(jax.vmap(lambda x, y: fn(x, y, 0.15, clip=clip))(r, a), eager), name
+                assert np.isfinite(jax.grad(lambda x: jnp.sum(fn(x, a, 0.15, clip=clip)))(r)).all(), name
+        elif "PENALIZE" in name:
+            eager = fn(1.5, r, 0.7)
+            assert np.allclose(jax.jit(fn)(1.5, r, 0.7), eager), name
+            assert np.allclose(jax.vmap(lambda b: fn(1.5, b, 0.7))(r), eager), name
+            assert np.isfinite(jax.grad(lambda b: jnp.sum(fn(1.5, b, 0.7)))(r)).all(), name
+        elif "SURROGATE" in name:
+            eager = fn(r, a, 0.15)
+            assert np.allclose(jax.jit(fn)(r, a, 0.15), eager), name
+            assert np.allclose(jax.jit(jax.vmap(jax.grad(fn)))(r, a), jax.grad(lambda x: jnp.sum(fn(x, a)))(r)), name
+        else:  # the KL of two logit vectors
+            p, q = jnp.array([0.3, -1.0, 0.5, 0.0]), jnp.array([0.0, 0.2, -0.4, 1.0])
+            eager = fn(p, q)
+            assert np.allclose(jax.jit(fn)(p, q), eager), name
+            assert np.allclose(jax.vmap(fn)(jnp.stack([p, q]), jnp.stack([q, p])), [eager, fn(q, p)]), name
+            assert np.isfinite(jax.grad(fn)(p, q)).all(), name
+    update = rollouts.TRUSTED_UPDATE.build()
+    hyper = dict(batch_size=16, epochs=2, beta=0.2, epsilon=0.2, learning_rate=0.5)
+    logits, key = jnp.array([0.2, 0.0, -0.2]), jax.random.key(3)
+    args = (jnp.array([1.0, 0.0, -1.0]), jax.nn.log_softmax(logits))
+    eager = update(logits, key, *args, **hyper)
+    assert np.allclose(jax.jit(update, static_argnames=("batch_size", "epochs"))(logits, key, *args, **hyper), eager)
+    keys = jax.random.split(key, 2)
+    assert np.allclose(jax.vmap(lambda k: update(logits, k, *args, **hyper))(keys)[0],
+                       update(logits, keys[0], *args, **hyper))
+    assert np.isfinite(jax.jacrev(lambda z: update(z, key, *args, **hyper))(logits)).all()
+
+
+@pytest.mark.parametrize("transform", ["jit", "jit_static", "vmap", "grad"])
+def test_a_loop_that_transforms_the_update_it_is_given_passes(transform):
+    """The recording update test_loop hands to run_ppo, and the grader's update, are JAX functions too."""
+    def wrap(update):
+        if transform == "jit":
+            return jax.jit(update)
+        if transform == "jit_static":
+            return jax.jit(update, static_argnames=("batch_size", "epochs"))
+        if transform == "vmap":
+            return lambda logits, *args, **hyper: jax.vmap(lambda z: update(z, *args, **hyper))(logits[None])[0]
+
+        def differentiated(logits, *args, **hyper):  # the value and a reverse-mode pullback from one call
+            value, pullback = jax.vjp(lambda z: update(z, *args, **hyper), jnp.asarray(logits, jnp.float32))
+            assert np.isfinite(pullback(jnp.ones(3, jnp.float32))[0]).all()
+            return value
+        return differentiated
+
+    def transforming(rewards, init_logits, *, update=rollout_update, **options):
+        return run_ppo(rewards, init_logits, update=wrap(update), **options)
+
+    _run("test_loop", _with(run_ppo=transforming), seed=1)
+    if transform != "jit":  # the grader's own update samples batch_size actions: a shape, static under jit
+        _run("test_recorded_numbers", _with(run_ppo=transforming), seed=1)
 
 
 def test_kl_direction_and_log_space_are_named():

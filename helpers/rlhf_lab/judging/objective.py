@@ -23,8 +23,9 @@ def trusted_surrogate(ratio, advantage, epsilon=0.2, clip=True):
     return jnp.minimum(unclipped, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
 ''', "trusted_surrogate")
 
-#: Another objective with the surrogate's signature (twice the trusted one): a table computed with
-#: it differs from one computed with the notebook's own ``ppo_surrogate``, so using the argument shows.
+#: Another objective with the surrogate's signature (twice the trusted one): a table (or the cap
+#: numbers) computed with it differs from one computed with the notebook's own ``ppo_surrogate``, so
+#: using the argument shows.
 SCALED_SURROGATE = Source('''
 def scaled_surrogate(ratio, advantage, epsilon=0.2, clip=True):
     ratio = jnp.asarray(ratio, jnp.float32)
@@ -34,6 +35,19 @@ def scaled_surrogate(ratio, advantage, epsilon=0.2, clip=True):
         return 2.0 * unclipped
     return 2.0 * jnp.minimum(unclipped, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
 ''', "scaled_surrogate")
+
+#: Another objective with the surrogate's signature whose clip band is twice as wide (epsilon counted
+#: twice): scaling the objective does not move the clip boundary, widening the band does, so a sweep
+#: that calls it finds another boundary than one that calls the notebook's own ``ppo_surrogate``.
+WIDE_SURROGATE = Source('''
+def wide_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+    ratio = jnp.asarray(ratio, jnp.float32)
+    advantage = jnp.asarray(advantage, jnp.float32)
+    unclipped = ratio * advantage
+    if not clip:
+        return unclipped
+    return jnp.minimum(unclipped, jnp.clip(ratio, 1.0 - 2.0 * epsilon, 1.0 + 2.0 * epsilon) * advantage)
+''', "wide_surrogate")
 
 #: The grader's own penalised reward (JAX, float32), handed to the beta sweep.
 TRUSTED_PENALIZE = Source('''
@@ -226,10 +240,11 @@ def _dtype_name(value) -> str:
         return "a value without a dtype"
 
 
-def boundary_expected(eps: float, adv: float, grid) -> tuple[float, float]:
-    """Trusted sweep: (the non-diverging grid ratio next to a diverging one, that diverging neighbour)."""
+def boundary_expected(eps: float, adv: float, grid, source: Source = TRUSTED_SURROGATE) -> tuple[float, float]:
+    """Trusted sweep with the stand-in ``source``: (the non-diverging grid ratio next to a diverging one,
+    that diverging neighbour)."""
     grid = np.asarray(grid, np.float32)
-    gap = np.abs(surrogate_np(grid, adv, eps, clip=False) - surrogate_np(grid, adv, eps))
+    gap = np.abs(surrogate_np(grid, adv, eps, clip=False, source=source) - surrogate_np(grid, adv, eps, source=source))
     div = gap > 1e-6
     i = int(np.flatnonzero(div[1:] != div[:-1])[0])
     calm, first = (i, i + 1) if not div[i] else (i + 1, i)
@@ -239,7 +254,9 @@ def boundary_expected(eps: float, adv: float, grid) -> tuple[float, float]:
 @register("test_clip_boundary", task="clip_boundary", needs=("clip_boundary",), forbid=("clipped_surrogate",),
           assignment=A, notebook=NB1)
 def clip_boundary(student, rng, ref):
-    """The default grid with fresh advantages and epsilons, and fresh grids through and beside 1 +/- epsilon."""
+    """The default grid with fresh advantages and epsilons, fresh grids through and beside 1 +/- epsilon,
+    then the default grid with another surrogate passed in (its clip band twice as wide: the boundary
+    must follow the argument, so a sweep that calls the notebook's own ppo_surrogate is named)."""
     default = (0.5 + 0.05 * np.arange(31)).astype(np.float32)
     cases = []  # (epsilon, advantage, grid or None for the default, label)
     eps = float(rng.choice([0.05, 0.1, 0.15, 0.25, 0.3, 0.35, 0.4]))
@@ -274,13 +291,29 @@ def clip_boundary(student, rng, ref):
         elif matches(got, (1 + eps_c) if adv_c > 0 else (1 - eps_c)):
             hint = "That is the formula value, but this grid does not contain it: return the grid ratio found by the sweep."
         close(got, want, f"clip_boundary(epsilon={eps_c:.4f}, advantage={adv_c:+.3f}) on {label}", hint=hint, atol=1e-6)
+    # another surrogate passed in (the band [1 - 2 epsilon, 1 + 2 epsilon]): the boundary must follow the
+    # argument. With epsilon in [0.1, 0.2] both bands lie inside the default grid and their boundaries
+    # are at least two grid steps apart, so the notebook's own surrogate gives another grid ratio.
+    eps = float(rng.uniform(0.1, 0.2))
+    own = ("The boundary did not move when another surrogate was passed in: sweep with the surrogate "
+           "argument, not ppo_surrogate (the tests pass their own function).")
+    for adv in (float(rng.uniform(0.5, 2.0)), -float(rng.uniform(0.5, 2.0))):
+        want, _ = boundary_expected(eps, adv, default, source=WIDE_SURROGATE)
+        trusted, _ = boundary_expected(eps, adv, default)
+        check(abs(want - trusted) > 0.09, "grader self-check (the wide band's boundary)")
+        got = student.call("clip_boundary", eps, adv, surrogate=WIDE_SURROGATE)
+        check(not matches(got, trusted), "clip_boundary: " + own)
+        close(got, want, f"clip_boundary(epsilon={eps:.4f}, advantage={adv:+.3f}) on the default grid with another "
+              f"surrogate passed in (clip band [1 - 2 epsilon, 1 + 2 epsilon])", hint=own, atol=1e-6)
 
 
 @register("test_capped_pair", task="Task 1.4", needs=("capped_ratio", "capped_advantage", "cap_numbers"),
           assignment=A, notebook=NB1)
 def capped_pair(student, rng, ref):
     """The pair: a good action (A > 0) above 1 + epsilon, so the clip lowers its objective. Then
-    cap_numbers = (unclipped, clipped, lost) on fresh cases (both signs, inside and outside the band)."""
+    cap_numbers = (unclipped, clipped, lost) on fresh cases (both signs, inside and outside the band),
+    each also with another surrogate passed in (twice the trusted one: the numbers must follow the
+    argument, so an answer that calls the notebook's own ppo_surrogate is named)."""
     try:
         values = np.array([student.value("capped_ratio"), student.value("capped_advantage")],
                           dtype=np.float64).reshape(2)
@@ -320,6 +353,16 @@ def capped_pair(student, rng, ref):
         elif unc != 0 and matches(got, [unc, cl, (unc - cl) / unc]) and unc != cl:
             hint = "lost is the difference unclipped - clipped, not a share of the unclipped objective."
         close(got, want, what, hint=hint, atol=1e-5)
+        # another surrogate passed in (twice the trusted one): every number doubles (unclipped != 0 here)
+        unc2 = float(surrogate_np(ratio, adv, eps, clip=False, source=SCALED_SURROGATE))
+        cl2 = float(surrogate_np(ratio, adv, eps, source=SCALED_SURROGATE))
+        scaled = to_float(student.call("cap_numbers", ratio, adv, epsilon=eps, surrogate=SCALED_SURROGATE),
+                          "cap_numbers result")
+        own = ("The numbers did not change when another surrogate was passed in: call the surrogate argument, "
+               "not ppo_surrogate (the tests pass their own function).")
+        check(not matches(scaled, got), "cap_numbers: " + own)
+        close(scaled, [unc2, cl2, unc2 - cl2], what + " with another surrogate passed in (twice the clipped "
+              "objective)", hint=own, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -439,11 +482,21 @@ def trusted_jax_kl(logits_p, logits_q):
     return jnp.sum(jnp.exp(lp) * (lp - lq))
 ''', "trusted_jax_kl")
 
-#: A different objective term with the same signature: a loss that follows it uses its argument.
+#: A different objective term with the same signature (twice the trusted one): a loss, or gradients,
+#: that follow it use the argument.
 SCALED_JAX_SURROGATE = Source('''
 def scaled_jax_surrogate(ratio, advantage, epsilon=0.2):
     return 2.0 * jnp.minimum(ratio * advantage, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
 ''', "scaled_jax_surrogate")
+
+#: A different KL with the same signature (twice the trusted one): a loss that follows it calls its
+#: ``kl`` argument, not the notebook's own ``kl_divergence``.
+SCALED_JAX_KL = Source('''
+def scaled_jax_kl(logits_p, logits_q):
+    lp = jax.nn.log_softmax(jnp.asarray(logits_p, jnp.float32))
+    lq = jax.nn.log_softmax(jnp.asarray(logits_q, jnp.float32))
+    return 2.0 * jnp.sum(jnp.exp(lp) * (lp - lq))
+''', "scaled_jax_kl")
 
 
 def _fresh_ratios(rng, eps, n):
@@ -464,7 +517,8 @@ def _fresh_ratios(rng, eps, n):
 @register("test_surrogate_gradients", task="Task 2.5", needs=("surrogate_gradients",), assignment=A,
           notebook=NB2)
 def surrogate_gradients(student, rng, ref):
-    """d term_i / d ratio_i on fresh cases and a fresh epsilon: exactly 0 where the clip binds, A elsewhere."""
+    """d term_i / d ratio_i on fresh cases and a fresh epsilon: exactly 0 where the clip binds, A elsewhere;
+    then with another surrogate passed in (twice the trusted one: the gradients must follow the argument)."""
     n = 12
     eps = float(rng.choice([rng.uniform(0.1, 0.15), rng.uniform(0.26, 0.35)]))  # away from the default 0.2
     r, a = _fresh_ratios(rng, eps, n)
@@ -489,6 +543,14 @@ def surrogate_gradients(student, rng, ref):
     close(got, want, f"surrogate_gradients on fresh cases (epsilon={eps:.4f})", hint=hint, atol=1e-5)
     equal(got[bound], np.zeros(int(bound.sum())), "gradient where the clip binds (fresh cases)",
           hint="Where the clip binds the clipped product is constant in the ratio: its gradient is exactly 0.")
+    # another surrogate passed in (twice the trusted one): every gradient doubles (at least two are A != 0)
+    scaled = to_float(student.call("surrogate_gradients", Jax(r), Jax(a), epsilon=eps, surrogate=SCALED_JAX_SURROGATE),
+                      "surrogate_gradients result")
+    own = ("The gradients did not change when another surrogate was passed in: differentiate the surrogate "
+           "argument, not clipped_surrogate or ppo_surrogate (the tests pass their own function).")
+    check(not matches(scaled, got), "surrogate_gradients: " + own)
+    close(scaled, 2.0 * want, f"surrogate_gradients with another surrogate passed in (twice the clipped objective, "
+          f"epsilon={eps:.4f})", hint=own, atol=1e-5)
 
 
 def _trusted_loss(logits, old_logp, actions, advantages, ref_logits, beta, epsilon, scale=1.0):
@@ -591,6 +653,16 @@ def clipped_kl_loss(student, rng, ref):
     got_scaled, _ = ask(mixed, surrogate=SCALED_JAX_SURROGATE)
     close(got_scaled, scaled_v, "clipped_kl_loss with another surrogate passed in",
           hint="Call the surrogate argument (and the kl argument): the tests pass their own functions in.",
+          rtol=1e-4, atol=1e-5)
+    # another KL passed in (twice the trusted one): the penalty must follow the kl argument
+    doubled_v, _ = trusted(mixed, b=2.0 * beta)
+    lg, old, act, adv, rl = mixed
+    got_kl = to_float(student.call("clipped_kl_loss", Jax(lg), Jax(old), Jax(act), Jax(adv), Jax(rl), beta,
+                                   **{**kw, "kl": SCALED_JAX_KL}), "clipped_kl_loss result")
+    own = ("The loss did not change when another kl was passed in: call the kl argument, not kl_divergence "
+           "(the tests pass their own function).")
+    check(not matches(got_kl, got_v, rtol=1e-4, atol=1e-5), "clipped_kl_loss: " + own)
+    close(got_kl, doubled_v, "clipped_kl_loss with another kl passed in (twice the KL)", hint=own,
           rtol=1e-4, atol=1e-5)
 
     clipped = _batch(rng, n, size, eps, all_clipped=True)

@@ -84,19 +84,43 @@ def kl_against_reference(student, rng, ref):
 
 
 #: On the student's side: run the loop with an update that records what it is given and returns stand-ins.
+#: The recording update is a JAX function, so an answer may call it, ``jax.jit`` it (with
+#: ``static_argnames=("batch_size", "epochs")`` or not: it needs no static argument), ``jax.vmap`` or
+#: differentiate it: what it is given is recorded by an ordered ``jax.debug.callback`` (once per call,
+#: or per element under ``vmap``), and its result is the stand-in planned for the sampling key it
+#: receives (``stand_ins[k]`` for ``planned_keys[k]``, the first one for a key that was not planned:
+#: the check names a wrong key before the logits it leads to), the same logits the k-th call returned
+#: before. Hyperparameters passed as Python values are recorded as they are; traced ones (a ``jit``
+#: without static arguments) as the numbers they carry.
 LOOP_WITH_RECORDER = Source('''
-def loop_with_recorder(rewards, init_logits, stand_ins, run_ppo, **options):
+def loop_with_recorder(rewards, init_logits, stand_ins, planned_keys, run_ppo, **options):
+    import functools
+
     calls = []
+    stand_ins = jnp.asarray(stand_ins, jnp.float32)
+    planned_keys = jnp.asarray(planned_keys, jnp.uint32)
+
+    def record(static, logits, rewards, ref_logp, key, dynamic):
+        numbers = {k: (np.asarray(v).item() if np.ndim(v) == 0 else np.asarray(v)) for k, v in dynamic.items()}
+        calls.append({"logits": np.asarray(logits), "rewards": np.asarray(rewards),
+                      "ref_logp": np.asarray(ref_logp), "key": np.asarray(key), "kwargs": {**static, **numbers}})
 
     def recording_update(logits, draw_key, rewards, ref_logp, **kwargs):
-        typed = jnp.issubdtype(getattr(draw_key, "dtype", np.uint32), jax.dtypes.prng_key)
-        calls.append({"logits": np.asarray(logits), "rewards": np.asarray(rewards),
-                      "ref_logp": np.asarray(ref_logp),
-                      "key": np.asarray(jax.random.key_data(draw_key) if typed else draw_key),
-                      "kwargs": dict(kwargs)})
-        return jnp.asarray(stand_ins[min(len(calls), len(stand_ins)) - 1])
+        if jnp.issubdtype(getattr(draw_key, "dtype", np.uint32), jax.dtypes.prng_key):
+            key = jax.random.key_data(draw_key)
+        else:
+            key = jnp.asarray(draw_key)
+        dynamic = {k: v for k, v in kwargs.items() if isinstance(v, (jax.Array, np.ndarray, np.generic))}
+        static = {k: v for k, v in kwargs.items() if k not in dynamic}
+        jax.debug.callback(functools.partial(record, static), logits, rewards, ref_logp, key, dynamic,
+                           ordered=True)
+        if key.shape != planned_keys.shape[1:]:
+            return stand_ins[0]
+        found = jnp.all(key.astype(jnp.uint32) == planned_keys, axis=-1)
+        return stand_ins[jnp.argmax(found)]
 
     out = run_ppo(rewards, init_logits, update=recording_update, **options)
+    jax.effects_barrier()
     return {"out": out, "calls": calls}
 ''', "loop_with_recorder")
 
@@ -123,10 +147,11 @@ def loop(student, rng, ref):
         following = (current + rng.normal(scale=0.5, size=n)).astype(np.float32)
         plan.append((current, np.asarray(jax.random.key_data(draw)), following))
         current = following
-    got = student.scenario(LOOP_WITH_RECORDER, ("run_ppo",), rewards, init, [p[2] for p in plan],
-                           iterations=T, seed=seed, **hyper)
+    got = student.scenario(LOOP_WITH_RECORDER, ("run_ppo",), rewards, init, np.stack([p[2] for p in plan]),
+                           np.stack([p[1] for p in plan]), iterations=T, seed=seed, **hyper)
     out, calls = got["out"], got["calls"]
-    check(len(calls) == T, f"run_ppo must call update once per rollout: {T} rollouts, {len(calls)} calls")
+    check(len(calls) == T, f"run_ppo must call its update argument once per rollout (the tests pass their own "
+                           f"update): {T} rollouts, {len(calls)} calls")
     for k, call in enumerate(calls):
         close(call["logits"], plan[k][0], f"logits passed to update on rollout {k}", rtol=1e-6, atol=1e-6,
               hint="start from init_logits and feed each rollout's result into the next")
@@ -159,7 +184,10 @@ def loop(student, rng, ref):
 
 
 #: The grader's own rollout update, handed to the student's run_ppo so that the loop is graded on its
-#: own: a mistake in rollout_update costs the rollout tests, not these points as well.
+#: own: a mistake in rollout_update costs the rollout tests, not these points as well. A JAX function:
+#: ``jax.jit`` of it works with ``static_argnames=("batch_size", "epochs")`` (the batch size is a shape),
+#: ``jax.vmap`` over logits or keys and ``jax.grad`` / ``jax.jacrev`` with respect to the logits too.
+#: An answer that ignores it and calls its own update is caught by test_loop (no recorded calls).
 TRUSTED_UPDATE = Source('''
 def trusted_update(logits, draw_key, rewards, ref_logp, *, batch_size, epochs, beta, epsilon, learning_rate):
     from rlhf_lab import ppo_loss
