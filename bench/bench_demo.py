@@ -70,6 +70,8 @@ def cpu_snapshot() -> tuple[float, float]:
 #: (kind, test on the process's command line), first match wins: see :func:`kind_of`.
 KINDS = (
     ("grading kernels (one per notebook, sandboxed)", lambda c: "ipykernel" in c),
+    # trees from before gradients were taken from the traced program (a baseline's processes)
+    ("trusted gradient runtimes (trees before the traced-program judge)", lambda c: "_IN, _OUT = _os.dup" in c),
     ("confinement wrappers (root-owned course)", lambda c: "confine.py" in c),
     ("nbgrader autograde (one per student and assignment)", lambda c: "nbgrader_cli.py autograde" in c),
     ("nbgrader generate_feedback", lambda c: "nbgrader_cli.py generate_feedback" in c),
