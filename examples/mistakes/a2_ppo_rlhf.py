@@ -237,7 +237,7 @@ MISTAKES: dict[str, dict] = {
         "cell": "run_ppo_answer",
         "source": HARD_CODED_RUN,
         "fails": {
-            "test_loop": "run_ppo must call update once per rollout",
+            "test_loop": "run_ppo must call its update argument once per rollout",
             "test_recorded_numbers": "fresh short run",
         },
     },
