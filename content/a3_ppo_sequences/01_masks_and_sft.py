@@ -183,12 +183,14 @@ else:
     demo_prompts, demo_tokens, demo_mask = sq.sample_demonstrations(sq.random_chain(LANG, 0), LANG, 2048, 0)
     demo_tokens, demo_mask = np.asarray(demo_tokens), np.asarray(demo_mask)
     tree = sq.prefix_tree(LANG)
-    print("share of demonstrations that end with EOS:", round(float(np.mean(np.any(demo_tokens == EOS, axis=1))), 3))
-    for name, fit_mask in (("EOS in the mask", demo_mask), ("EOS left out   ", demo_mask * (demo_tokens != EOS))):
+    demo_eos_share = float(np.mean(np.any(demo_tokens == EOS, axis=1)))
+    print("share of demonstrations that end with EOS:", round(demo_eos_share, 3))
+    p_no_eos = {}   # per fit: the exact probability, per prompt, that a response never ends
+    for name, fit_mask in (("EOS in the mask", demo_mask), ("EOS left out", demo_mask * (demo_tokens != EOS))):
         fitted = sq.fit_reference(LANG, demo_prompts, demo_tokens, fit_mask)
         _, resp_logp = sq.exact.policy_tables(fitted.params, jnp.asarray(tree.prefix_features), LANG)
-        p_no_eos = np.sum(np.exp(np.asarray(resp_logp, np.float64)) * (1.0 - tree.has_eos), axis=1)
-        print(f"{name}: P(no EOS within 6 tokens) per prompt {np.round(p_no_eos, 3)}")
+        p_no_eos[name] = np.sum(np.exp(np.asarray(resp_logp, np.float64)) * (1.0 - tree.has_eos), axis=1)
+        print(f"{name:15s}: P(no EOS within 6 tokens) per prompt {np.round(p_no_eos[name], 3)}")
 
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "sft_refit_reveal", "locked": true, "schema_version": 3, "solution": false, "task": false}

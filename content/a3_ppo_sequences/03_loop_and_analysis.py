@@ -286,6 +286,33 @@ else:
               f"({k3_seq.std() / k1_seq.std():.1f} x); largest k3 {k3_seq.max():.0f}")
 
 
+# %% nbgrader={"grade": false, "grade_id": "kl_exact_spread", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import os
+
+if os.environ.get("NBGRADER_EXECUTION"):
+    print("The exact spreads are skipped while autograding.")
+else:
+    # the same two policies, every response of every prompt weighted by its exact probability (no sampling)
+    tree = sq.prefix_tree(LANG)
+    real = tree.response_mask > 0
+    at, took = np.where(real, tree.response_prefix, 0), np.where(real, tree.response_action, 0)
+    ref_node, _ = sq.exact.policy_tables(ref_params, task.arrays.prefix_features, LANG)
+    spread_policies = {"near the reference": jax.tree_util.tree_map(lambda r, t: r + 0.1 * (t - r), ref_params,
+                                                                    run.policy_params),
+                       "the trained policy": run.policy_params}
+    exact_spread = {}   # name -> (std of k1, std of k3) per response, summed over its tokens
+    for name, params in spread_policies.items():
+        node, resp = sq.exact.policy_tables(params, task.arrays.prefix_features, LANG)
+        log_r = np.asarray(ref_node, np.float64)[:, at, took] - np.asarray(node, np.float64)[:, at, took]
+        weight = np.exp(np.asarray(resp, np.float64)) / LANG.n_prompts          # prompts drawn uniformly
+        stds = []
+        for per_token in (-log_r, np.expm1(log_r) - log_r):                     # k1 and k3 of every token
+            k = np.sum(np.where(real, per_token, 0.0), axis=-1)
+            stds.append(float(np.sqrt(np.sum(weight * k**2) - np.sum(weight * k) ** 2)))
+        exact_spread[name] = tuple(stds)
+        print(f"{name}: exact std per response k1 {stds[0]:.2f}, k3 {stds[1]:.2f} ({stds[1] / stds[0]:.1f} x)")
+
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "kl_near_far_reveal", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # Near the reference the ratio $r = \pi_{\text{ref}}/\pi$ of a sampled token stays close to 1, where
 # $k_3 = (r - 1) - \log r \approx \tfrac12 (\log r)^2$ is small and smooth: its spread is a fraction of
@@ -293,9 +320,9 @@ else:
 # then samples a token the reference likes much more than it does ($r \gg 1$): there $k_3 \approx r$
 # explodes while $k_1 = -\log r$ grows only like a logarithm. Both stay unbiased, but $k_3$'s spread
 # becomes many times $k_1$'s, and a sample of a few thousand responses underestimates it because the
-# tail is rare (summed over all responses, exactly, this run's ratio is about 9; for the policy of the
-# library's 200-iteration default run, at 10.2 nats, about 26). Low variance is a property of $k_3$
-# near the reference, not everywhere.
+# tail is rare (the last cell weighs every response by its exact probability, without sampling: there
+# the ratio is 8.6 for the trained policy and 0.2 near the reference). Low variance is a property of
+# $k_3$ near the reference, not everywhere.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "overopt_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 5. Over-optimisation, on exact numbers
@@ -616,8 +643,8 @@ else:
 # std above falls by an order of magnitude), so small score differences are blown up to the size the
 # large ones had at the start, while the KL term $\beta k_3$ keeps its weight. Measured against the
 # score, the KL penalty becomes an order of magnitude weaker, and GRPO keeps going where
-# $\pi^*_{0.05}$ stops (without the division, advantages $s - \bar s$ as in Dr. GRPO, a 200-iteration
-# run ends at 10.16 nats, the KL of $\pi^*_{0.05}$). The rest of its regret is a different objective:
+# $\pi^*_{0.05}$ stops (Dr. GRPO drops the division and keeps advantages $s - \bar s$; section 7's RLOO,
+# which drops it and also moves the KL into the reward, ends at $\pi^*_{0.05}$). The rest of its regret is a different objective:
 # $k_3$ in the loss follows the gradient of $\mathrm{KL}(\pi_{\text{ref}}\Vert\pi)$ per token (section 4),
 # not of the sequence KL that defines $\pi^*_\beta$.
 
