@@ -9,45 +9,32 @@ from .registry import check as register
 A = "a1_ppo_objective"
 NB1, NB2 = "01_clipped_objective.ipynb", "02_kl_penalty_and_review.ipynb"
 
-#: The grader's own surrogate (JAX, float32), handed to the table, the boundary sweep and the cap
-#: numbers so that a mistake in Task 1.1 is not charged again there. It is a JAX function, so an
-#: answer may call it on arrays, or ``jax.vmap`` / ``jax.jit`` / ``jax.grad`` it (``clip`` stays a
-#: Python bool).
-TRUSTED_SURROGATE = Source('''
-def trusted_surrogate(ratio, advantage, epsilon=0.2, clip=True):
+def _surrogate(name: str, scale: str = "", band: str = "epsilon") -> Source:
+    """A JAX surrogate with ``ppo_surrogate``'s signature: ``scale * min(rho A, clip(rho, 1 - band,
+    1 + band) A)`` in float32 (``clip`` stays a Python bool), so an answer may call it on arrays or
+    ``jax.vmap`` / ``jax.jit`` / ``jax.grad`` it."""
+    return Source(f'''
+def {name}(ratio, advantage, epsilon=0.2, clip=True):
     ratio = jnp.asarray(ratio, jnp.float32)
     advantage = jnp.asarray(advantage, jnp.float32)
     unclipped = ratio * advantage
     if not clip:
-        return unclipped
-    return jnp.minimum(unclipped, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
-''', "trusted_surrogate")
+        return {scale}unclipped
+    return {scale}jnp.minimum(unclipped, jnp.clip(ratio, 1.0 - {band}, 1.0 + {band}) * advantage)
+''', name)
 
+
+#: The grader's own surrogate, handed to the table, the boundary sweep and the cap numbers so that a
+#: mistake in Task 1.1 is not charged again there.
+TRUSTED_SURROGATE = _surrogate("trusted_surrogate")
 #: Another objective with the surrogate's signature (twice the trusted one): a table (or the cap
 #: numbers) computed with it differs from one computed with the notebook's own ``ppo_surrogate``, so
 #: using the argument shows.
-SCALED_SURROGATE = Source('''
-def scaled_surrogate(ratio, advantage, epsilon=0.2, clip=True):
-    ratio = jnp.asarray(ratio, jnp.float32)
-    advantage = jnp.asarray(advantage, jnp.float32)
-    unclipped = ratio * advantage
-    if not clip:
-        return 2.0 * unclipped
-    return 2.0 * jnp.minimum(unclipped, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantage)
-''', "scaled_surrogate")
-
-#: Another objective with the surrogate's signature whose clip band is twice as wide (epsilon counted
-#: twice): scaling the objective does not move the clip boundary, widening the band does, so a sweep
-#: that calls it finds another boundary than one that calls the notebook's own ``ppo_surrogate``.
-WIDE_SURROGATE = Source('''
-def wide_surrogate(ratio, advantage, epsilon=0.2, clip=True):
-    ratio = jnp.asarray(ratio, jnp.float32)
-    advantage = jnp.asarray(advantage, jnp.float32)
-    unclipped = ratio * advantage
-    if not clip:
-        return unclipped
-    return jnp.minimum(unclipped, jnp.clip(ratio, 1.0 - 2.0 * epsilon, 1.0 + 2.0 * epsilon) * advantage)
-''', "wide_surrogate")
+SCALED_SURROGATE = _surrogate("scaled_surrogate", scale="2.0 * ")
+#: Another objective whose clip band is twice as wide (epsilon counted twice): scaling the objective
+#: does not move the clip boundary, widening the band does, so a sweep that calls it finds another
+#: boundary than one that calls the notebook's own ``ppo_surrogate``.
+WIDE_SURROGATE = _surrogate("wide_surrogate", band="2.0 * epsilon")
 
 #: The grader's own penalised reward (JAX, float32), handed to the beta sweep.
 TRUSTED_PENALIZE = Source('''
