@@ -10,7 +10,7 @@ the grader, then owns every step that decides:
   nested programs only by reference to later entries, dtypes and shapes from fixed sets) and
   bounds it (:class:`Limits`: equations, nesting, constants, elements per value, total work, loop
   lengths). Nothing of it is executed as code: no ``eval``, no ``pickle``, no import by name.
-* :func:`function` rebuilds the program as a Python function over *this process's* JAX: each
+* :class:`_Run` rebuilds the program as a Python function over *this process's* JAX: each
   equation's primitive name is looked up in a fixed table (:data:`RULES`) of the grader's own
   ``lax`` functions and primitives. ``jit`` and custom-derivative calls are evaluated through their
   primal program (what ``jax.nn.relu`` or ``logsumexp`` mean), never through a rule the kernel
@@ -559,11 +559,6 @@ def _build_rules() -> dict:
 
 #: Primitive name -> how the grader evaluates it with its own JAX. Anything else is refused.
 RULES = _build_rules()
-
-
-def function(program: Program, limits: Limits = LIMITS):
-    """The rebuilt program as a function of its inputs, returning the list of its outputs."""
-    return lambda *args: _Run(program, limits).jaxpr(0, list(args))
 
 
 # ------------------------------------------------------------------------------------------------
